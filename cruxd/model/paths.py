@@ -1,0 +1,159 @@
+"""Equal-cost candidate paths between hosts.
+
+A path is a tuple of link indices from the source host's NIC link to the
+destination host's NIC link. Candidates are all *shortest* paths, which in a Clos
+are exactly the up-down (valley-free) paths, and hosts are never transit nodes.
+
+Enumeration goes through the switch graph: BFS distances toward the destination
+switch, then a dynamic programme counting shortest paths from every switch. The
+count lets us *unrank* the r-th path in a canonical order (links of a node taken
+in index order) without listing the others.
+
+Cap rule: when a pair has N > `max_paths` shortest paths (parallel links multiply
+quickly, e.g. 4 NIC links x 8 spines x 4 NIC links = 128), we keep the paths at
+ranks floor(i * N / max_paths) for i = 0..max_paths-1 of that canonical order. The
+order groups paths by first hop, then by the next switch, so an even stride keeps
+every first hop and every top-tier switch represented whenever max_paths is at
+least their number. Same input, same paths.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from cruxd.model.topology import NodeKind, Topology
+
+DEFAULT_MAX_PATHS = 64
+
+
+class PathFinder:
+    """Shortest-path enumeration with per-destination caches."""
+
+    def __init__(self, topo: Topology, max_paths: int = DEFAULT_MAX_PATHS) -> None:
+        if max_paths < 1:
+            raise ValueError("max_paths must be >= 1")
+        self.topo = topo
+        self.max_paths = max_paths
+        self._switch_out: dict[str, tuple[int, ...]] = {
+            n: tuple(i for i in topo.out_links.get(n, ())
+                     if topo.nodes[topo.links[i].dst].kind is NodeKind.SWITCH)
+            for n in topo.switches
+        }
+        self._dist: dict[str, dict[str, int]] = {}
+        self._count: dict[str, dict[str, int]] = {}
+        self._cache: dict[tuple[str, str, int | None, int | None], np.ndarray] = {}
+        self._rev: dict[str, list[str]] = {}
+        for node, outs in self._switch_out.items():
+            for i in outs:
+                self._rev.setdefault(topo.links[i].dst, []).append(node)
+
+    # --- switch graph -------------------------------------------------------
+    def _distances(self, dst: str) -> dict[str, int]:
+        dist = self._dist.get(dst)
+        if dist is None:
+            dist = {dst: 0}
+            # BFS over reversed switch links: who can reach dst, and in how many hops.
+            into = self._rev
+            queue = deque([dst])
+            while queue:
+                node = queue.popleft()
+                for prev in into.get(node, ()):
+                    if prev not in dist:
+                        dist[prev] = dist[node] + 1
+                        queue.append(prev)
+            self._dist[dst] = dist
+        return dist
+
+    def _counts(self, dst: str) -> dict[str, int]:
+        counts = self._count.get(dst)
+        if counts is None:
+            dist = self._distances(dst)
+            counts = {dst: 1}
+            for node in sorted(dist, key=dist.__getitem__):
+                if node == dst:
+                    continue
+                counts[node] = sum(counts[self.topo.links[i].dst] for i in self._next(node, dist))
+            self._count[dst] = counts
+        return counts
+
+    def _next(self, node: str, dist: dict[str, int]) -> list[int]:
+        d = dist[node]
+        return [i for i in self._switch_out[node] if dist.get(self.topo.links[i].dst) == d - 1]
+
+    def _unrank(self, src: str, dst: str, rank: int) -> list[int]:
+        dist, counts = self._distances(dst), self._counts(dst)
+        path: list[int] = []
+        node = src
+        while node != dst:
+            for i in self._next(node, dist):
+                c = counts[self.topo.links[i].dst]
+                if rank < c:
+                    path.append(i)
+                    node = self.topo.links[i].dst
+                    break
+                rank -= c
+            else:  # pragma: no cover - counts and _next agree by construction
+                raise AssertionError("rank out of range")
+        return path
+
+    # --- host pairs ---------------------------------------------------------
+    def count(self, src: str, dst: str, src_port: int | None = None,
+              dst_port: int | None = None) -> int:
+        """Number of shortest paths before the cap."""
+        return sum(n for _, _, n in self._combos(src, dst, src_port, dst_port))
+
+    def _combos(self, src: str, dst: str, src_port: int | None,
+                dst_port: int | None) -> list[tuple[int, int, int]]:
+        ups = self.topo.uplinks(src)
+        downs = self.topo.downlinks(dst)
+        if src_port is not None:
+            ups = tuple(i for i in ups if self.topo.links[i].port == src_port)
+        if dst_port is not None:
+            downs = tuple(i for i in downs if self.topo.links[i].port == dst_port)
+        best = None
+        combos: list[tuple[int, int, int]] = []
+        for u in ups:
+            s1 = self.topo.links[u].dst
+            for d in downs:
+                s2 = self.topo.links[d].src
+                hops = self._distances(s2).get(s1)
+                if hops is None:
+                    continue
+                if best is None or hops < best:
+                    best, combos = hops, []
+                if hops == best:
+                    combos.append((u, d, self._counts(s2)[s1]))
+        return combos
+
+    def candidates(self, src: str, dst: str, src_port: int | None = None,
+                   dst_port: int | None = None) -> np.ndarray:
+        """Candidate paths as an int array of shape (paths, links), canonical order.
+
+        Empty (0, 0) when the hosts are the same or not connected.
+        """
+        key = (src, dst, src_port, dst_port)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        combos = [] if src == dst else self._combos(src, dst, src_port, dst_port)
+        total = sum(n for _, _, n in combos)
+        if total == 0:
+            out = np.zeros((0, 0), dtype=np.int64)
+        else:
+            ranks = range(total) if total <= self.max_paths else (
+                (i * total) // self.max_paths for i in range(self.max_paths))
+            rows = [self._path_at(combos, r) for r in ranks]
+            out = np.array(rows, dtype=np.int64)
+        out.setflags(write=False)
+        self._cache[key] = out
+        return out
+
+    def _path_at(self, combos: list[tuple[int, int, int]], rank: int) -> list[int]:
+        for u, d, n in combos:
+            if rank < n:
+                s1, s2 = self.topo.links[u].dst, self.topo.links[d].src
+                return [u, *self._unrank(s1, s2, rank), d]
+            rank -= n
+        raise AssertionError("rank out of range")  # pragma: no cover

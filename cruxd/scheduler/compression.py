@@ -1,0 +1,246 @@
+"""Priority compression (seed §4.3, Alg. 1): Max-K-Cut of the contention DAG.
+
+Jobs with unique priorities must share K levels. An edge (hi, lo) of the
+contention DAG says the two share a link and hi outranks lo; its weight is what
+is lost when both land on one level (the seed: I of the higher job). We want the
+K-partition that cuts the most weight without ever putting lo above hi.
+
+For one topological order a_1..a_n, cutting it into K consecutive blocks is a
+valid partition (Theorem 2), and every valid partition arises from some order
+(Theorem 3). Per order, Eq. 4:  f(i, k) = max_{j<i} f(j, k-1) + C(j, i), where
+C(j, i) is the weight of edges from a_1..a_j into a_{j+1}..a_i. The increment
+C(j, i2) - C(j, i1) only grows with j (weights are non-negative), so the argmax
+of f(., k) is monotone in i (the quadrangle inequality). We exploit it with the
+divide-and-conquer scheme: evaluate the middle i of a range over its allowed j
+window, split the windows at the argmax. All middles of one round are done in a
+single numpy pass, so one level costs O(n log n) lookups into the O(n^2) prefix
+sum matrix, which dominates: O(n^2) per order instead of O(n^2 K).
+
+Components of the DAG are independent (they can reuse every level), so each is
+solved on its own, which keeps the dense matrices small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+Edges = Mapping[tuple[Hashable, Hashable], float]
+
+
+def compress(edges: Edges, levels: int, *, samples: int = 10, seed: int = 0) -> dict[str, int]:
+    """Levels for every job named in `edges`: 0 lowest, `levels`-1 highest.
+
+    `edges` maps (higher_job, lower_job) to a non-negative weight. The first order
+    tried is a deterministic one (Kahn's algorithm, smallest name first); the other
+    `samples`-1 are random topological orders drawn with `seed`.
+    """
+    names, hi, lo, w = _index(edges)
+    order = _kahn(len(names), hi, lo, names)
+    lv = compress_indexed(len(names), hi, lo, w, levels, order, samples=samples, seed=seed)
+    return {str(names[i]): int(lv[i]) for i in range(len(names))}
+
+
+def compress_indexed(n: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: int,
+                     order: np.ndarray, *, samples: int = 10, seed: int = 0) -> np.ndarray:
+    """The planner's entry point: nodes 0..n-1, edge arrays, one known topological order.
+
+    Returns an int array of levels. Nodes without edges get the top level.
+    """
+    if levels < 1:
+        raise ValueError("levels must be >= 1")
+    out = np.full(n, levels - 1, dtype=np.int64)
+    if n == 0 or len(hi) == 0:
+        return out
+    graph = coo_matrix((np.ones(len(hi)), (hi, lo)), shape=(n, n))
+    ncomp, comp = connected_components(graph, directed=True, connection="weak")
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    rng = np.random.default_rng(seed)
+    edge_comp = comp[hi]
+    for c in range(ncomp):
+        members = order[comp[order] == c]  # this component, in the known order
+        if len(members) < 2:
+            continue
+        sel = edge_comp == c
+        local = np.empty(n, dtype=np.int64)
+        local[members] = np.arange(len(members))
+        out[members] = _component(len(members), local[hi[sel]], local[lo[sel]], w[sel],
+                                  levels, samples, rng)
+    return out
+
+
+def _component(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: int,
+               samples: int, rng: np.random.Generator) -> np.ndarray:
+    """Best K-cut over `samples` orders of one component whose identity order is valid."""
+    # duplicate edges count once, at their largest weight
+    key = hi * m + lo
+    srt = np.lexsort((-w, key))
+    first = np.r_[True, key[srt][1:] != key[srt][:-1]]
+    hi, lo, w = hi[srt][first], lo[srt][first], w[srt][first]
+    prefix = np.empty((m, m))
+    best_val, best_levels = -1.0, np.zeros(m, dtype=np.int64)
+    for s in range(max(1, samples)):
+        perm = np.arange(m) if s == 0 else _random_order(m, hi, lo, rng)
+        pos = np.empty(m, dtype=np.int64)
+        pos[perm] = np.arange(m)
+        prefix.fill(0.0)
+        prefix[pos[hi], pos[lo]] = w
+        val, blocks = _cut_of_order(prefix, levels)
+        if val > best_val + 1e-12:
+            best_val = val
+            best_levels = np.empty(m, dtype=np.int64)
+            best_levels[perm] = levels - 1 - blocks
+    return best_levels
+
+
+def _random_order(m: int, hi: np.ndarray, lo: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A random linear extension: key(v) = max(key(predecessors)) + Exp(1).
+
+    Any topological order has positive probability; nodes are visited in the
+    component's known order, which is itself topological.
+    """
+    indptr = np.searchsorted(np.sort(lo), np.arange(m + 1))
+    preds = hi[np.argsort(lo, kind="stable")]
+    key = np.empty(m)
+    inc = rng.exponential(size=m)
+    for v in range(m):
+        p = preds[indptr[v]:indptr[v + 1]]
+        key[v] = (key[p].max() if len(p) else 0.0) + inc[v]
+    return np.argsort(key, kind="stable")
+
+
+def _cut_of_order(prefix: np.ndarray, levels: int) -> tuple[float, np.ndarray]:
+    """Max K-cut of one order. `prefix` holds the edge weights in that order (upper
+    triangular) and is turned in place into Q[j, i] = weight of edges from the first
+    j+1 nodes to the first i+1 nodes. Returns (value, block of each position, 0 =
+    first block = highest level)."""
+    n = prefix.shape[0]
+    k_max = min(levels, n)
+    np.cumsum(prefix, axis=0, out=prefix)
+    np.cumsum(prefix, axis=1, out=prefix)
+    f = np.full(n + 1, -np.inf)
+    f[1:] = 0.0  # one block: nothing cut
+    opts = []
+    for k in range(2, k_max + 1):
+        f, opt = _dp_level(f, prefix, k)
+        opts.append(opt)
+    blocks = np.zeros(n, dtype=np.int64)
+    i = n
+    for k in range(k_max, 1, -1):
+        j = int(opts[k - 2][i])
+        blocks[j:i] = k - 1
+        i = j
+    return float(f[n] if k_max > 1 else 0.0), blocks
+
+
+def _dp_level(prev: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """f(i) = max_{k-1 <= j < i} prev(j) + C(j, i) for i >= k, by vectorised divide and
+    conquer over the monotone argmax. C(j, i) = Q[j-1, i-1] - Q[j-1, j-1] (j >= 1)."""
+    n = len(prev) - 1
+    cur = np.full(n + 1, -np.inf)
+    opt = np.zeros(n + 1, dtype=np.int64)
+    # segments: i in [ilo, ihi], argmax j in [jlo, jhi]
+    ilo, ihi = np.array([k]), np.array([n])
+    jlo, jhi = np.array([k - 1]), np.array([n - 1])
+    while len(ilo):
+        mid = (ilo + ihi) // 2
+        top = np.minimum(jhi, mid - 1)
+        counts = top - jlo + 1
+        seg = np.repeat(np.arange(len(mid)), counts)
+        starts = np.cumsum(counts) - counts
+        j = jlo[seg] + (np.arange(counts.sum()) - starts[seg])
+        val = prev[j] + q[j - 1, mid[seg] - 1] - q[j - 1, j - 1]
+        best = np.maximum.reduceat(val, starts)
+        # first j reaching the segment's best keeps the argmax monotone under ties
+        hits = np.flatnonzero(val >= best[seg])
+        hit_seg = seg[hits]
+        bj = j[hits[np.r_[True, hit_seg[1:] != hit_seg[:-1]]]]
+        cur[mid], opt[mid] = best, bj
+        left = mid - 1 >= ilo
+        right = mid + 1 <= ihi
+        ilo, ihi, jlo, jhi = (np.concatenate([ilo[left], mid[right] + 1]),
+                              np.concatenate([mid[left] - 1, ihi[right]]),
+                              np.concatenate([jlo[left], bj[right]]),
+                              np.concatenate([bj[left], jhi[right]]))
+    return cur, opt
+
+
+def compress_exact(edges: Edges, levels: int) -> dict[str, int]:
+    """The optimum by mixed-integer programming (HiGHS), for small DAGs.
+
+    Variables: integer level l_v in [0, K-1] and binary y_e per edge; l_hi >= l_lo,
+    y_e <= l_hi - l_lo (integral levels make a cut edge differ by >= 1);
+    maximise sum w_e y_e.
+    """
+    if levels < 1:
+        raise ValueError("levels must be >= 1")
+    names, hi, lo, w = _index(edges)
+    n, m = len(names), len(hi)
+    if m == 0:
+        return {str(x): levels - 1 for x in names}
+    rows = np.arange(m)
+    # l_hi - l_lo >= 0  and  l_hi - l_lo - y >= 0
+    a1 = np.zeros((m, n + m))
+    a1[rows, hi] += 1
+    a1[rows, lo] -= 1
+    a2 = a1.copy()
+    a2[rows, n + rows] = -1
+    res = milp(
+        c=np.concatenate([np.zeros(n), -w]),
+        integrality=np.ones(n + m),
+        bounds=Bounds(np.zeros(n + m), np.concatenate([np.full(n, levels - 1), np.ones(m)])),
+        constraints=[LinearConstraint(a1, 0, np.inf), LinearConstraint(a2, 0, np.inf)],
+    )
+    if res.x is None:  # pragma: no cover - the all-top assignment is always feasible
+        raise RuntimeError(f"HiGHS found no solution: {res.message}")
+    lv = np.rint(res.x[:n]).astype(int)
+    # shift so the highest used level is the top one, as compress() reports
+    lv += levels - 1 - lv.max()
+    return {str(names[i]): int(lv[i]) for i in range(n)}
+
+
+def cut_weight(edges: Edges, assignment: Mapping[str, int]) -> float:
+    """Total weight of edges whose ends sit on different levels."""
+    return float(sum(wt for (h, lo), wt in edges.items()
+                     if assignment[str(h)] != assignment[str(lo)]))
+
+
+def _index(edges: Edges) -> tuple[list[Hashable], np.ndarray, np.ndarray, np.ndarray]:
+    names = sorted({x for e in edges for x in e}, key=str)
+    ix = {x: i for i, x in enumerate(names)}
+    hi = np.array([ix[h] for h, _ in edges], dtype=np.int64)
+    lo = np.array([ix[lo] for _, lo in edges], dtype=np.int64)
+    w = np.array([float(v) for v in edges.values()], dtype=np.float64)
+    if len(w) and (not np.all(np.isfinite(w)) or np.any(w < 0)):
+        raise ValueError("edge weights must be finite and >= 0")
+    if np.any(hi == lo):
+        raise ValueError("an edge cannot join a job to itself")
+    return names, hi, lo, w
+
+
+def _kahn(n: int, hi: np.ndarray, lo: np.ndarray, names: Sequence[Hashable]) -> np.ndarray:
+    """A deterministic topological order; raises if the edges have a cycle."""
+    import heapq
+
+    indeg = np.bincount(lo, minlength=n)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for h, low in zip(hi.tolist(), lo.tolist(), strict=True):
+        succ[h].append(low)
+    heap = [(str(names[i]), i) for i in range(n) if indeg[i] == 0]
+    heapq.heapify(heap)
+    out: list[int] = []
+    while heap:
+        _, v = heapq.heappop(heap)
+        out.append(v)
+        for u in succ[v]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(heap, (str(names[u]), u))
+    if len(out) != n:
+        raise ValueError("the contention graph has a cycle: it is not a DAG")
+    return np.array(out, dtype=np.int64)

@@ -1,0 +1,76 @@
+"""Priority assignment with correction factors (seed §4.2, Eq. 3): P_j = k_j * I_j.
+
+The reference job r (k_r = 1) is the one with the most network traffic per
+iteration. For every other job j we put the pair (r, j) on one link and play both
+priority orders (`pairwise`): gain_j is the link time j wins when it goes first,
+loss_r what r loses then. By Theorem 1 the cluster computes I * S more when a job
+transmits S more, so j should go first iff I_j * gain_j > I_r * loss_r, which is
+k_j * I_j > I_r with
+
+    k_j = gain_j / loss_r.
+
+In the seed's Fig. 11 (job 1 reference) this gives 3 s / 2 s = 1.5. Degenerate
+cases: neither job hurts the other in the window -> k_j = 1 (intensity decides);
+only r is unaffected -> k_j = K_MAX; the ratio is clamped to [K_MIN, K_MAX].
+The derivation is in docs/priority.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cruxd.scheduler.pairwise import pair_gains, timing
+
+K_MIN, K_MAX = 1e-3, 1e3
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Priorities:
+    k: np.ndarray
+    priority: np.ndarray
+    rank: np.ndarray  # rank[i] = 0 for the highest priority
+    reference: int | None
+
+
+def reference_job(traffic: np.ndarray, period: np.ndarray, ids: Sequence[str]) -> int | None:
+    """Most bytes per iteration; ties by bytes per second, then by id."""
+    candidates = [i for i in range(len(ids)) if traffic[i] > 0]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda i: (-traffic[i], -traffic[i] / period[i], ids[i]))
+
+
+def assign(ids: Sequence[str], intensity: np.ndarray, compute_s: np.ndarray,
+           overlap: np.ndarray, comm_s: np.ndarray, traffic: np.ndarray, *,
+           reference: str | None = None, window_periods: float = 3.0) -> Priorities:
+    """k_j, P_j and unique ranks. Jobs without network traffic (comm_s == 0) keep
+    k = 1 and infinite intensity: nothing of theirs can contend on the fabric."""
+    n = len(ids)
+    k = np.ones(n)
+    period = np.maximum(compute_s, (1.0 - overlap) * compute_s + comm_s)
+    if reference is not None:
+        if reference not in ids:
+            raise ValueError(f"reference job {reference!r} is not among the jobs")
+        ref: int | None = list(ids).index(reference)
+        if traffic[ref] <= 0:
+            raise ValueError(f"reference job {reference!r} has no network traffic")
+    else:
+        ref = reference_job(traffic, period, ids)
+    net = np.flatnonzero(comm_s > 0)
+    if ref is not None and len(net):
+        r = timing(compute_s[ref], overlap[ref], comm_s[ref])
+        jt = timing(compute_s[net], overlap[net], comm_s[net])
+        gain, loss = pair_gains(r, jt, window_periods)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(loss > _EPS, gain / loss, np.where(gain > _EPS, K_MAX, 1.0))
+        k[net] = np.clip(ratio, K_MIN, K_MAX)
+        k[ref] = 1.0
+    prio = k * intensity
+    order = sorted(range(n), key=lambda i: (-prio[i], -intensity[i], ids[i]))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    return Priorities(k=k, priority=prio, rank=rank, reference=ref)

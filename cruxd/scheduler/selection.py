@@ -1,0 +1,57 @@
+"""GPU-intensity-based path selection (seed §4.1).
+
+Jobs go from most to least intensive; each flow takes the least congested of its
+candidate paths given everything placed so far.
+
+Congestion, precisely: every placed flow f of job j puts a weighted load
+    x_f = (I_j / I_max) * r_f   on each link of its path,
+where r_f = 8 * bytes_f / period_j (Gbit/s: the flow's mean rate at the job's
+standalone iteration time). The congestion of a candidate path p for a flow with
+load x is the bottleneck ratio  max_{e in p} (X_e + x) / B_e,  X_e the load already
+on link e, B_e its capacity. Weighting by intensity makes a link that carries an
+intensive job look busier, so later (less intensive) jobs steer away from it and
+intensive jobs end up on disjoint paths. Ties (within 1e-9 relative): the smaller
+sum of ratios along the path, then the first path in canonical order.
+
+The same routine, with byte counts as loads, picks a job's own paths in isolation
+to estimate its standalone t_j (Eq. 2) before intensities are known.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def pick(cands: np.ndarray, load: np.ndarray, capacity: np.ndarray, x: float) -> int:
+    """Index (into `cands`) of the least congested candidate for a flow of load x."""
+    if len(cands) == 1:
+        return 0
+    ratio = (load[cands] + x) / capacity[cands]
+    worst = ratio.max(axis=1)
+    tied = np.flatnonzero(worst <= worst.min() * (1 + 1e-9))
+    if len(tied) == 1:
+        return int(tied[0])
+    sums = ratio[tied].sum(axis=1)
+    return int(tied[np.flatnonzero(sums <= sums.min() * (1 + 1e-9))[0]])
+
+
+def standalone_comm_time(flows: list[tuple[np.ndarray, float]], capacity: np.ndarray,
+                         scratch: np.ndarray) -> tuple[float, list[int]]:
+    """t_j = max_e M_{j,e} / B_e with the job's flows placed alone, and the choices.
+
+    `flows` holds (candidates, bytes); `scratch` is a zero array as long as the
+    link list, returned zeroed.
+    """
+    choices = []
+    touched: list[np.ndarray] = []
+    for cands, nbytes in flows:
+        c = pick(cands, scratch, capacity, nbytes)
+        scratch[cands[c]] += nbytes
+        touched.append(cands[c])
+        choices.append(c)
+    if not touched:
+        return 0.0, choices
+    links = np.unique(np.concatenate(touched))
+    t = float((scratch[links] * 8.0 / (capacity[links] * 1e9)).max())
+    scratch[links] = 0.0
+    return t, choices

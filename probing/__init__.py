@@ -1,0 +1,1 @@
+"""Path discovery toward peer hosts: source-port sweeps and hop identification."""
