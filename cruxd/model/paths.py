@@ -11,10 +11,11 @@ in index order) without listing the others.
 
 Cap rule: when a pair has N > `max_paths` shortest paths (parallel links multiply
 quickly, e.g. 4 NIC links x 8 spines x 4 NIC links = 128), we keep the paths at
-ranks floor(i * N / max_paths) for i = 0..max_paths-1 of that canonical order. The
-order groups paths by first hop, then by the next switch, so an even stride keeps
-every first hop and every top-tier switch represented whenever max_paths is at
-least their number. Same input, same paths.
+ranks floor(i * N / max_paths) for i = 0..max_paths-1 of a canonical order whose
+most significant choice is the first hop (the source NIC link), then the switch
+path (each node's links in index order), and the last hop least. An even stride
+therefore keeps every first hop and every spine represented whenever max_paths is
+at least their product. Same input, same paths.
 """
 
 from __future__ import annotations
@@ -102,30 +103,34 @@ class PathFinder:
     def count(self, src: str, dst: str, src_port: int | None = None,
               dst_port: int | None = None) -> int:
         """Number of shortest paths before the cap."""
-        return sum(n for _, _, n in self._combos(src, dst, src_port, dst_port))
+        return sum(n * len(downs) for _, downs, n in self._groups(src, dst, src_port, dst_port))
 
-    def _combos(self, src: str, dst: str, src_port: int | None,
-                dst_port: int | None) -> list[tuple[int, int, int]]:
+    def _groups(self, src: str, dst: str, src_port: int | None,
+                dst_port: int | None) -> list[tuple[int, tuple[int, ...], int]]:
+        """Shortest (first hop, last hops into one switch, switch-path count) groups, in
+        canonical order: first hop, then last-hop switch, then switch path, then last hop."""
         ups = self.topo.uplinks(src)
         downs = self.topo.downlinks(dst)
         if src_port is not None:
             ups = tuple(i for i in ups if self.topo.links[i].port == src_port)
         if dst_port is not None:
             downs = tuple(i for i in downs if self.topo.links[i].port == dst_port)
+        into: dict[str, list[int]] = {}
+        for d in downs:
+            into.setdefault(self.topo.links[d].src, []).append(d)
         best = None
-        combos: list[tuple[int, int, int]] = []
+        groups: list[tuple[int, tuple[int, ...], int]] = []
         for u in ups:
             s1 = self.topo.links[u].dst
-            for d in downs:
-                s2 = self.topo.links[d].src
+            for s2 in sorted(into):
                 hops = self._distances(s2).get(s1)
                 if hops is None:
                     continue
                 if best is None or hops < best:
-                    best, combos = hops, []
+                    best, groups = hops, []
                 if hops == best:
-                    combos.append((u, d, self._counts(s2)[s1]))
-        return combos
+                    groups.append((u, tuple(into[s2]), self._counts(s2)[s1]))
+        return groups
 
     def candidates(self, src: str, dst: str, src_port: int | None = None,
                    dst_port: int | None = None) -> np.ndarray:
@@ -137,23 +142,24 @@ class PathFinder:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        combos = [] if src == dst else self._combos(src, dst, src_port, dst_port)
-        total = sum(n for _, _, n in combos)
+        groups = [] if src == dst else self._groups(src, dst, src_port, dst_port)
+        total = sum(n * len(downs) for _, downs, n in groups)
         if total == 0:
             out = np.zeros((0, 0), dtype=np.int64)
         else:
             ranks = range(total) if total <= self.max_paths else (
                 (i * total) // self.max_paths for i in range(self.max_paths))
-            rows = [self._path_at(combos, r) for r in ranks]
+            rows = [self._path_at(groups, r) for r in ranks]
             out = np.array(rows, dtype=np.int64)
         out.setflags(write=False)
         self._cache[key] = out
         return out
 
-    def _path_at(self, combos: list[tuple[int, int, int]], rank: int) -> list[int]:
-        for u, d, n in combos:
-            if rank < n:
+    def _path_at(self, groups: list[tuple[int, tuple[int, ...], int]], rank: int) -> list[int]:
+        for u, downs, n in groups:
+            if rank < n * len(downs):
+                d = downs[rank % len(downs)]
                 s1, s2 = self.topo.links[u].dst, self.topo.links[d].src
-                return [u, *self._unrank(s1, s2, rank), d]
-            rank -= n
+                return [u, *self._unrank(s1, s2, rank // len(downs)), d]
+            rank -= n * len(downs)
         raise AssertionError("rank out of range")  # pragma: no cover

@@ -51,7 +51,9 @@ def busy_time(high: Timing, x: np.ndarray) -> np.ndarray:
     """Link time the high job uses in [0, x)."""
     p, t = high.period, high.comm_s
     y = np.maximum(x - high.comm_offset, 0.0)
-    out: np.ndarray = np.floor(y / p) * t + np.minimum(np.mod(y, p), t)
+    k = np.floor(y / p)
+    rest = np.clip(y - k * p, 0.0, p)  # from the same quotient: floor and mod must agree
+    out: np.ndarray = k * t + np.minimum(rest, t)
     return out
 
 
@@ -61,7 +63,10 @@ def _free_until(high: Timing, target: np.ndarray) -> np.ndarray:
     free = p - t
     y = target - phi
     with np.errstate(divide="ignore", invalid="ignore"):
-        k = np.ceil(y / free) - 1.0
+        q = y / free
+        # a transfer ending exactly at the end of a free gap must not spill over the
+        # next busy period because of rounding: snap q to an integer within 1e-9
+        k = np.ceil(q - 1e-9 * np.maximum(1.0, q)) - 1.0
         x = phi + k * p + t + (y - k * free)
     x = np.where(y <= 0, target, x)
     return np.where((free <= 0) & (y > 0), np.inf, x)

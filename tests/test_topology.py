@@ -1,0 +1,103 @@
+"""Topology builders and the Lingjun reader."""
+
+from __future__ import annotations
+
+import pytest
+
+from cruxd.errors import TopologyError
+from cruxd.model.topology import NodeKind, TopologyBuilder
+from cruxd.topo import clos2, double_sided, lingjun, testbed96, trace_clos
+from cruxd.topo.lingjun import read_rows
+from tests.conftest import SHARED
+
+
+def test_testbed96_matches_the_seed() -> None:
+    t = testbed96()
+    assert len(t.hosts) == 12 and t.total_gpus() == 96
+    tors = [n for n in t.switches if t.nodes[n].tier == 1]
+    aggs = [n for n in t.switches if t.nodes[n].tier == 2]
+    assert (len(tors), len(aggs)) == (6, 8)
+    for h in t.hosts:
+        assert t.nic_ports(h) == 4
+        assert {t.links[i].capacity_gbps for i in t.uplinks(h)} == {100.0}
+        assert len({t.links[i].dst for i in t.uplinks(h)}) == 1  # one ToR
+    # every ToR has 8 x 100G down and 8 x 100G up: non-blocking
+    for tor in tors:
+        down = [i for i in t.out_links[tor] if t.is_host(t.links[i].dst)]
+        up = [i for i in t.out_links[tor] if not t.is_host(t.links[i].dst)]
+        assert len(down) == 8 and len(up) == 8
+
+
+def test_trace_clos_shape() -> None:
+    t = trace_clos()
+    assert sum(1 for s in t.switches if t.nodes[s].tier == 1) == 173
+    assert sum(1 for s in t.switches if t.nodes[s].tier == 2) == 16
+    assert t.total_gpus() >= 2000
+    up = t.links[t.out_links["tor0"][0]]
+    host_bw = sum(t.links[i].capacity_gbps for i in t.in_links["tor0"] if t.is_host(t.links[i].src))
+    assert up.capacity_gbps * 16 == pytest.approx(host_bw)  # 1:1
+
+
+def test_double_sided_shape() -> None:
+    t = double_sided()
+    tiers = [t.nodes[s].tier for s in t.switches]
+    assert (tiers.count(1), tiers.count(2), tiers.count(3)) == (6, 12, 32)
+    h = t.hosts[0]
+    assert t.nic_ports(h) == 8
+    assert len({t.links[i].dst for i in t.uplinks(h)}) == 2  # dual-homed
+
+
+def test_ports_are_numbered_per_host() -> None:
+    t = clos2(2, 2, 1, nics_per_host=3)
+    assert [t.links[i].port for i in t.uplinks("h0")] == [0, 1, 2]
+    assert [t.links[i].port for i in t.downlinks("h0")] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("gbps", [0, -1, float("nan"), float("inf")])
+def test_bad_capacity_is_refused(gbps: float) -> None:
+    b = TopologyBuilder()
+    b.switch("s", 1)
+    b.host("h")
+    with pytest.raises(TopologyError, match="capacity"):
+        b.link("h", "s", gbps)
+
+
+def test_builder_refuses_nonsense() -> None:
+    b = TopologyBuilder()
+    b.host("a")
+    b.host("b")
+    with pytest.raises(TopologyError, match="through switches"):
+        b.link("a", "b", 10)
+    with pytest.raises(TopologyError, match="duplicate"):
+        b.host("a")
+    with pytest.raises(TopologyError, match="unknown node"):
+        b.link("a", "nowhere", 10)
+
+
+def test_lingjun_bundled_copy() -> None:
+    t = lingjun()
+    assert len(t.hosts) == 847
+    tiers = [t.nodes[s].tier for s in t.switches]
+    assert (tiers.count(1), tiers.count(2), tiers.count(3)) == (119, 3, 1)
+    assert all(t.nodes[h].kind is NodeKind.HOST for h in t.hosts)
+
+
+@pytest.mark.skipif(not (SHARED / "data" / "lingjun-2023-topo.csv").exists(),
+                    reason="../shared/data is not beside this checkout")
+def test_lingjun_bundled_copy_equals_shared_data() -> None:
+    shared = read_rows(SHARED / "data" / "lingjun-2023-topo.csv")
+    assert shared == read_rows()
+
+
+def test_lingjun_rejects_bad_rows(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "t.csv"
+    bad.write_text("ip,DSW,PSW\nx,G,P\n")
+    with pytest.raises(TopologyError, match="expected columns"):
+        read_rows(bad)
+    bad.write_text("ip,DSW,PSW,ASW\nx,G,P,\n")
+    with pytest.raises(TopologyError, match="line 2: empty field"):
+        read_rows(bad)
+    rows = [{"ip": "a", "DSW": "G1", "PSW": "P", "ASW": "S"},
+            {"ip": "b", "DSW": "G2", "PSW": "P", "ASW": "S"}]
+    with pytest.raises(TopologyError, match="two DSWs"):
+        lingjun(rows)
