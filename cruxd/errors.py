@@ -37,6 +37,9 @@ class ScenarioError(UsageError):
         return f"{head}{self.path}: {self.reason}"
 
     def located(self, where: str) -> ScenarioError:
+        """This error placed in file `where`, unless an inner file already claimed it."""
+        if self.where:
+            return self
         return ScenarioError(self.reason, where=where, path=self.path)
 
 

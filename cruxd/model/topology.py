@@ -46,7 +46,7 @@ class Link:
         return f"{self.src}->{self.dst}{suffix}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Topology:
     nodes: dict[str, Node]
     links: tuple[Link, ...]

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cruxd.errors import ScenarioError
+from cruxd.errors import ScenarioError, UsageError
 from cruxd.model.jobs import FlowSpec, Job, ring_allreduce
 from cruxd.model.topology import Topology
 from cruxd.model.view import ClusterView, DiscoveredPath
@@ -93,6 +93,8 @@ def _config(cur: Cursor, ids: set[str], levels: int | None) -> PlanConfig:
     try:
         config.dscp_values()
     except ValueError as exc:
+        if levels is not None:
+            raise UsageError(f"--levels {levels}: {exc}") from None
         where = cur["dscp"] if cur.get("dscp") else cur["levels"] if cur.get("levels") else cur
         raise where.fail(str(exc)) from None
     return config
@@ -110,8 +112,8 @@ def _jobs(cur: Cursor, topo: Topology, tflops: float) -> list[Job]:
             total = sum(g for _, g in used[host])
             if total > topo.nodes[host].gpus:
                 who = ", ".join(f"{j} ({g})" for j, g in used[host])
-                raise jc["hosts"].fail(f"host {host!r} has {topo.nodes[host].gpus} GPUs; "
-                                       f"jobs ask for {total}: {who}")
+                raise _host_entry(jc["hosts"], host).fail(
+                    f"host {host!r} has {topo.nodes[host].gpus} GPUs; jobs ask for {total}: {who}")
         jobs.append(job)
     return jobs
 
@@ -146,6 +148,13 @@ def _job(jc: Cursor, topo: Topology, tflops: float) -> Job:
     else:
         raise jc["pattern"].fail(f"unknown pattern {pattern!r} (known: ring_allreduce, flows)")
     return Job(job_id, hosts, compute, flops, overlap, flows, pattern, comm)
+
+
+def _host_entry(hc: Cursor, host: str) -> Cursor:
+    """The cursor of one host inside a job's `hosts` (list or object form)."""
+    if isinstance(hc.value, dict):
+        return hc[host]
+    return Cursor(host, f"{hc.path}[{hc.value.index(host)}]")
 
 
 def _hosts(jc: Cursor, topo: Topology) -> tuple[tuple[str, int], ...]:

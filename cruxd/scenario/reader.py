@@ -132,6 +132,11 @@ def load_document(path: Path) -> Any:
     except json.JSONDecodeError as exc:
         raise ScenarioError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
                             where=str(path)) from exc
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise ScenarioError(f"invalid YAML{at}: {exc.problem or exc.context}",
+                            where=str(path)) from exc
     except (yaml.YAMLError, ValueError) as exc:
         raise ScenarioError(f"cannot parse: {str(exc).splitlines()[0]}",
                             where=str(path)) from exc

@@ -63,9 +63,9 @@ def _builder(cur: Cursor, base: Path) -> Topology:
     cur.fields({"builder", *required}, set(params) | extra)
     kwargs: dict[str, Any] = {}
     for key, p in params.items():
-        sub = cur.get(key)
-        if sub is None:
+        if not cur.has(key):
             continue
+        sub = cur[key]
         integer = isinstance(p.default, int) or key in _INT_PARAMS
         kwargs[key] = sub.integer(lo=1) if integer else sub.number(positive=True)
     try:
@@ -86,6 +86,7 @@ _INT_PARAMS = {"tors", "aggs", "hosts_per_tor", "pods", "tors_per_pod", "aggs_pe
 def _explicit(cur: Cursor) -> Topology:
     cur.fields({"nodes", "links"}, {"name"})
     b = TopologyBuilder(cur["name"].string() if cur.get("name") else "topology")
+    ids: set[str] = set()
     for node in cur["nodes"].items():
         node.fields({"id", "kind"}, {"tier", "gpus"})
         kind = node["kind"].string()
@@ -102,9 +103,15 @@ def _explicit(cur: Cursor) -> Topology:
                 raise node["kind"].fail(f"expected 'host' or 'switch', got {kind!r}")
         except TopologyError as exc:
             raise node["id"].fail(str(exc)) from None
+        ids.add(node["id"].string())
     for link in cur["links"].items():
         link.fields({"a", "b", "gbps"}, {"latency_us", "count", "bidirectional"})
         a, b_ = link["a"].string(), link["b"].string()
+        for end, node_id in (("a", a), ("b", b_)):
+            if node_id not in ids:
+                raise link[end].fail(f"unknown node {node_id!r}")
+        if a == b_:
+            raise link["b"].fail("a link cannot loop on one node")
         gbps = link["gbps"].number(positive=True)
         latency = link["latency_us"].number(lo=0) if link.get("latency_us") else 1.0
         count = link["count"].integer(lo=1) if link.get("count") else 1
