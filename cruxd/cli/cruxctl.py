@@ -79,7 +79,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         json.dump(plan_json(sc, result, latency), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print_plan(Console(), sc, result, latency, max_flows=max(0, args.flows))
+        console = Console()
+        if not console.is_terminal:  # pipes and logs: wide enough that no number is cut
+            console = Console(width=120)
+        print_plan(console, sc, result, latency, max_flows=max(0, args.flows))
     return 0
 
 

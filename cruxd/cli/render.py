@@ -56,8 +56,7 @@ def print_plan(console: Console, sc: Scenario, plan: Plan, latency_s: float,
                  caption="I_j = W_j / t_j (FLOP per second on the wire); P_j = k_j I_j; "
                          "level 0 is the lowest", caption_justify="left")
     for col in ("rank", "job", "GPUs", "I_j", "t_j ms", "iter ms", "k_j", "P_j", "level", "DSCP"):
-        jobs.add_column(col, justify="left" if col == "job" else "right",
-                        no_wrap=col == "job")
+        jobs.add_column(col, justify="left" if col == "job" else "right", no_wrap=True)
     gpus = {j.id: j.gpus for j in sc.view.jobs}
     for d in plan.jobs:
         jobs.add_row(str(d.rank), d.job, str(gpus[d.job]), si(d.intensity),
@@ -69,7 +68,7 @@ def print_plan(console: Console, sc: Scenario, plan: Plan, latency_s: float,
         flows = Table(title="Flows and chosen paths", title_justify="left")
         for col in ("job", "flow", "bytes/iter", "path", "sport", "of"):
             flows.add_column(col, justify="right" if col in ("bytes/iter", "of") else "left",
-                             no_wrap=col in ("job", "flow"))
+                             no_wrap=col != "path")
         for f in plan.flows[:max_flows]:
             port = f"#{f.src_port}" if f.src_port is not None else ""
             flows.add_row(f.job, f"{f.src}{port} -> {f.dst}", si(f.bytes, "B"),

@@ -5,9 +5,11 @@ destination host's NIC link. Candidates are all *shortest* paths, which in a Clo
 are exactly the up-down (valley-free) paths, and hosts are never transit nodes.
 
 Enumeration goes through the switch graph: BFS distances toward the destination
-switch, then a dynamic programme counting shortest paths from every switch. The
-count lets us *unrank* the r-th path in a canonical order (links of a node taken
-in index order) without listing the others.
+switch, then a memoised count of shortest paths from each switch on the way (only
+switches on some shortest path are visited). The count lets us *unrank* the r-th
+path in a canonical order (links of a node taken in index order) without listing
+the others. A finder caches everything per destination, so keep one per topology
+(`finder_for`).
 
 Cap rule: when a pair has N > `max_paths` shortest paths (parallel links multiply
 quickly, e.g. 4 NIC links x 8 spines x 4 NIC links = 128), we keep the paths at
@@ -20,6 +22,7 @@ at least their product. Same input, same paths.
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 
 import numpy as np
@@ -43,7 +46,7 @@ class PathFinder:
             for n in topo.switches
         }
         self._dist: dict[str, dict[str, int]] = {}
-        self._count: dict[str, dict[str, int]] = {}
+        self._nexts: dict[tuple[str, str], tuple[tuple[int, str, int], ...]] = {}
         self._cache: dict[tuple[str, str, int | None, int | None], np.ndarray] = {}
         self._rev: dict[str, list[str]] = {}
         for node, outs in self._switch_out.items():
@@ -67,32 +70,34 @@ class PathFinder:
             self._dist[dst] = dist
         return dist
 
-    def _counts(self, dst: str) -> dict[str, int]:
-        counts = self._count.get(dst)
-        if counts is None:
+    def _next(self, node: str, dst: str) -> tuple[tuple[int, str, int], ...]:
+        """(link, child, paths from child) for every link from `node` one hop closer to
+        `dst`, memoised per (node, dst): only nodes on some shortest path get visited."""
+        key = (node, dst)
+        hit = self._nexts.get(key)
+        if hit is None:
             dist = self._distances(dst)
-            counts = {dst: 1}
-            for node in sorted(dist, key=dist.__getitem__):
-                if node == dst:
-                    continue
-                counts[node] = sum(counts[self.topo.links[i].dst] for i in self._next(node, dist))
-            self._count[dst] = counts
-        return counts
+            d = dist[node]
+            hops = []
+            for i in self._switch_out[node]:
+                child = self.topo.links[i].dst
+                if dist.get(child) == d - 1:
+                    hops.append((i, child, 1 if child == dst else self._count(child, dst)))
+            hit = self._nexts[key] = tuple(hops)
+        return hit
 
-    def _next(self, node: str, dist: dict[str, int]) -> list[int]:
-        d = dist[node]
-        return [i for i in self._switch_out[node] if dist.get(self.topo.links[i].dst) == d - 1]
+    def _count(self, node: str, dst: str) -> int:
+        """Shortest switch paths from `node` to `dst`."""
+        return 1 if node == dst else sum(c for _, _, c in self._next(node, dst))
 
     def _unrank(self, src: str, dst: str, rank: int) -> list[int]:
-        dist, counts = self._distances(dst), self._counts(dst)
         path: list[int] = []
         node = src
         while node != dst:
-            for i in self._next(node, dist):
-                c = counts[self.topo.links[i].dst]
+            for i, child, c in self._next(node, dst):
                 if rank < c:
                     path.append(i)
-                    node = self.topo.links[i].dst
+                    node = child
                     break
                 rank -= c
             else:  # pragma: no cover - counts and _next agree by construction
@@ -129,7 +134,7 @@ class PathFinder:
                 if best is None or hops < best:
                     best, groups = hops, []
                 if hops == best:
-                    groups.append((u, tuple(into[s2]), self._counts(s2)[s1]))
+                    groups.append((u, tuple(into[s2]), self._count(s1, s2)))
         return groups
 
     def candidates(self, src: str, dst: str, src_port: int | None = None,
@@ -163,3 +168,15 @@ class PathFinder:
                 return [u, *self._unrank(s1, s2, rank // len(downs)), d]
             rank -= n * len(downs)
         raise AssertionError("rank out of range")  # pragma: no cover
+
+
+_FINDERS: weakref.WeakKeyDictionary[Topology, dict[int, PathFinder]] = weakref.WeakKeyDictionary()
+
+
+def finder_for(topo: Topology, max_paths: int = DEFAULT_MAX_PATHS) -> PathFinder:
+    """The shared finder of a topology: its caches outlive one plan (topologies are
+    immutable, so a re-plan on the same fabric reuses every enumerated path)."""
+    per = _FINDERS.setdefault(topo, {})
+    if max_paths not in per:
+        per[max_paths] = PathFinder(topo, max_paths)
+    return per[max_paths]

@@ -23,13 +23,15 @@ solved on its own, which keeps the dense matrices small.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-Edges = Mapping[tuple[Hashable, Hashable], float]
+Edges = Mapping[tuple[Any, Any], float]
+_FLOAT32_ABOVE = 2048  # component size from which the DP's prefix matrix is float32
 
 
 def compress(edges: Edges, levels: int, *, samples: int = 10, seed: int = 0) -> dict[str, int]:
@@ -82,7 +84,11 @@ def _component(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: in
     srt = np.lexsort((-w, key))
     first = np.r_[True, key[srt][1:] != key[srt][:-1]]
     hi, lo, w = hi[srt][first], lo[srt][first], w[srt][first]
-    prefix = np.empty((m, m))
+    # Large components run the DP on a float32 prefix matrix (half the memory traffic
+    # of the O(m^2) prefix sums that dominate); every order's cut is then scored
+    # exactly in float64 from the edges, so rounding can only cost optimality, never
+    # validity.
+    prefix = np.empty((m, m), dtype=np.float32 if m > _FLOAT32_ABOVE else np.float64)
     best_val, best_levels = -1.0, np.zeros(m, dtype=np.int64)
     for s in range(max(1, samples)):
         perm = np.arange(m) if s == 0 else _random_order(m, hi, lo, rng)
@@ -90,11 +96,12 @@ def _component(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: in
         pos[perm] = np.arange(m)
         prefix.fill(0.0)
         prefix[pos[hi], pos[lo]] = w
-        val, blocks = _cut_of_order(prefix, levels)
-        if val > best_val + 1e-12:
-            best_val = val
-            best_levels = np.empty(m, dtype=np.int64)
-            best_levels[perm] = levels - 1 - blocks
+        blocks = _cut_of_order(prefix, levels)[1]
+        lv = np.empty(m, dtype=np.int64)
+        lv[perm] = levels - 1 - blocks
+        val = float(w[lv[hi] != lv[lo]].sum())
+        if val > best_val + 1e-12 * max(1.0, best_val):
+            best_val, best_levels = val, lv
     return best_levels
 
 
@@ -121,7 +128,8 @@ def _cut_of_order(prefix: np.ndarray, levels: int) -> tuple[float, np.ndarray]:
     first block = highest level)."""
     n = prefix.shape[0]
     k_max = min(levels, n)
-    np.cumsum(prefix, axis=0, out=prefix)
+    for i in range(1, n):  # adding whole rows is several times faster than cumsum(axis=0)
+        prefix[i] += prefix[i - 1]
     np.cumsum(prefix, axis=1, out=prefix)
     f = np.full(n + 1, -np.inf)
     f[1:] = 0.0  # one block: nothing cut

@@ -7,40 +7,30 @@ intensity (what it loses when both end up on one level).
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
+from scipy.sparse import csr_matrix, triu
 
 
 def contention_edges(link_of: np.ndarray, job_of: np.ndarray, rank: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray]:
-    """(hi, lo) job index arrays, one entry per contending pair.
+    """(hi, lo) job index arrays, one entry per contending pair, sorted.
 
     `link_of`/`job_of` list which job uses which link (one entry per flow hop;
-    repeats are fine). `rank[j]` = 0 for the highest priority.
+    repeats are fine). `rank[j]` = 0 for the highest priority. Pairs come from the
+    sparse product A A^T of the job x link incidence matrix A: entry (a, b) is
+    non-zero exactly when jobs a and b share a link.
     """
     n = len(rank)
-    if len(link_of) == 0:
-        empty = np.zeros(0, dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    if len(link_of) == 0 or n < 2:
         return empty, empty
-    pairs = np.unique(link_of.astype(np.int64) * n + job_of)
-    links, jobs = pairs // n, pairs % n
-    bounds = np.flatnonzero(np.r_[True, links[1:] != links[:-1], True])
-    his: list[np.ndarray] = []
-    los: list[np.ndarray] = []
-    tri: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for s, e in itertools.pairwise(bounds):
-        m = int(e - s)
-        if m < 2:
-            continue
-        if m not in tri:
-            tri[m] = np.triu_indices(m, k=1)
-        a, b = jobs[s:e][tri[m][0]], jobs[s:e][tri[m][1]]
-        first = rank[a] < rank[b]
-        his.append(np.where(first, a, b))
-        los.append(np.where(first, b, a))
-    if not his:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty
-    code = np.unique(np.concatenate(his) * n + np.concatenate(los))
-    return code // n, code % n
+    # order jobs by rank so that the upper triangle holds (higher, lower) pairs
+    pos = np.asarray(rank, dtype=np.int64)
+    incidence = csr_matrix((np.ones(len(job_of), dtype=np.float32), (pos[job_of], link_of)),
+                           shape=(n, int(link_of.max()) + 1))
+    incidence.data[:] = 1.0  # duplicates summed by the constructor: presence is what counts
+    shared = triu(incidence @ incidence.T, k=1, format="coo")
+    by_rank = np.argsort(pos)
+    hi, lo = by_rank[shared.row], by_rank[shared.col]
+    order = np.lexsort((lo, hi))
+    return hi[order].astype(np.int64), lo[order].astype(np.int64)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cruxd.model.jobs import FlowSpec
-from cruxd.model.paths import DEFAULT_MAX_PATHS, PathFinder
+from cruxd.model.paths import DEFAULT_MAX_PATHS, PathFinder, finder_for
 from cruxd.model.plan import FlowDecision, JobDecision, LinkLoad, Plan
 from cruxd.model.view import ClusterView
 from cruxd.scheduler.compression import compress_indexed
@@ -48,6 +48,7 @@ class _Flow:
     job: int
     spec: FlowSpec
     cands: np.ndarray
+    inv_cap: np.ndarray
     sports: list[int | None]
     choice: int = 0
 
@@ -60,10 +61,11 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
     jobs = view.jobs
     n = len(jobs)
     ids = [j.id for j in jobs]
-    finder = PathFinder(topo, config.max_paths)
+    finder = finder_for(topo, config.max_paths)
 
     flows: list[_Flow] = []
     by_job: list[list[_Flow]] = [[] for _ in range(n)]
+    inverse: dict[int, np.ndarray] = {}  # per candidate set (finder arrays are shared)
     for ji, job in enumerate(jobs):
         for spec in job.flows:
             if spec.src == spec.dst:
@@ -71,7 +73,10 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
             cands, sports = _candidates(view, finder, spec)
             if len(cands) == 0:
                 raise ValueError(f"job {job.id}: no path from {spec.src} to {spec.dst}")
-            flow = _Flow(ji, spec, cands, sports)
+            inv = inverse.get(id(cands))
+            if inv is None:
+                inv = inverse[id(cands)] = 1.0 / cap[cands]
+            flow = _Flow(ji, spec, cands, inv, sports)
             flows.append(flow)
             by_job[ji].append(flow)
 
@@ -82,7 +87,8 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
     comm = np.zeros(n)
     scratch = np.zeros(len(cap))
     for ji, job in enumerate(jobs):
-        t, _ = standalone_comm_time([(f.cands, f.spec.bytes) for f in by_job[ji]], cap, scratch)
+        t, _ = standalone_comm_time([(f.cands, f.inv_cap, f.spec.bytes) for f in by_job[ji]],
+                                    cap, scratch)
         measured = job.comm_s is not None and job.comm_s > 0 and by_job[ji]
         comm[ji] = job.comm_s if measured and job.comm_s is not None else t
     period = np.maximum(compute, (1.0 - overlap) * compute + comm)
@@ -98,7 +104,7 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
         weight = intensity[ji] / i_max
         for f in by_job[ji]:
             rate = 8.0 * f.spec.bytes / period[ji] / 1e9
-            f.choice = pick(f.cands, load, cap, weight * rate)
+            f.choice = pick(f.cands, f.inv_cap, load, weight * rate)
             path = f.cands[f.choice]
             load[path] += weight * rate
             demand[path] += rate
@@ -134,7 +140,7 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
         for i in range(n)), key=lambda d: d.rank))
     return Plan(
         jobs=decisions,
-        flows=tuple(_flow_decision(view, ids, f) for f in flows),
+        flows=_flow_decisions(view, ids, flows),
         links=_busiest(view, flows, demand, config.busiest_links, ids),
         levels=config.levels,
         reference_job=ids[pr.reference] if pr.reference is not None else None,
@@ -180,13 +186,17 @@ def _links_along(view: ClusterView, spec: FlowSpec, hops: tuple[str, ...]) -> li
     return links
 
 
-def _flow_decision(view: ClusterView, ids: list[str], f: _Flow) -> FlowDecision:
-    topo = view.topology
-    path = tuple(int(i) for i in f.cands[f.choice])
-    return FlowDecision(job=ids[f.job], src=f.spec.src, dst=f.spec.dst, bytes=f.spec.bytes,
-                        src_port=f.spec.src_port, path=path,
-                        hops=tuple(topo.links[i].dst for i in path[:-1]),
-                        sport=f.sports[f.choice], candidates=len(f.cands))
+def _flow_decisions(view: ClusterView, ids: list[str], flows: list[_Flow]
+                    ) -> tuple[FlowDecision, ...]:
+    link_dst = [lk.dst for lk in view.topology.links]
+    out = []
+    for f in flows:
+        path = tuple(f.cands[f.choice].tolist())
+        out.append(FlowDecision(job=ids[f.job], src=f.spec.src, dst=f.spec.dst,
+                                bytes=f.spec.bytes, src_port=f.spec.src_port, path=path,
+                                hops=tuple(link_dst[i] for i in path[:-1]),
+                                sport=f.sports[f.choice], candidates=len(f.cands)))
+    return tuple(out)
 
 
 def _busiest(view: ClusterView, flows: list[_Flow], demand: np.ndarray, top: int,

@@ -22,30 +22,37 @@ from __future__ import annotations
 import numpy as np
 
 
-def pick(cands: np.ndarray, load: np.ndarray, capacity: np.ndarray, x: float) -> int:
-    """Index (into `cands`) of the least congested candidate for a flow of load x."""
+def pick(cands: np.ndarray, inv_cap: np.ndarray, load: np.ndarray, x: float) -> int:
+    """Index (into `cands`) of the least congested candidate for a flow of load x.
+
+    `inv_cap` is 1 / capacity of every link of `cands` (same shape), computed once
+    per candidate set: this runs once per flow and per plan, so it stays lean.
+    """
     if len(cands) == 1:
         return 0
-    ratio = (load[cands] + x) / capacity[cands]
-    worst = ratio.max(axis=1)
-    tied = np.flatnonzero(worst <= worst.min() * (1 + 1e-9))
+    ratio = load[cands]
+    ratio += x
+    ratio *= inv_cap
+    worst: list[float] = ratio.max(axis=1).tolist()
+    limit = min(worst) * (1 + 1e-9)
+    tied = [i for i, w in enumerate(worst) if w <= limit]
     if len(tied) == 1:
-        return int(tied[0])
-    sums = ratio[tied].sum(axis=1)
-    return int(tied[np.flatnonzero(sums <= sums.min() * (1 + 1e-9))[0]])
+        return tied[0]
+    sums: list[float] = ratio[tied].sum(axis=1).tolist()
+    return tied[sums.index(min(sums))]
 
 
-def standalone_comm_time(flows: list[tuple[np.ndarray, float]], capacity: np.ndarray,
-                         scratch: np.ndarray) -> tuple[float, list[int]]:
+def standalone_comm_time(flows: list[tuple[np.ndarray, np.ndarray, float]],
+                         capacity: np.ndarray, scratch: np.ndarray) -> tuple[float, list[int]]:
     """t_j = max_e M_{j,e} / B_e with the job's flows placed alone, and the choices.
 
-    `flows` holds (candidates, bytes); `scratch` is a zero array as long as the
-    link list, returned zeroed.
+    `flows` holds (candidates, their inverse capacities, bytes); `scratch` is a zero
+    array as long as the link list, returned zeroed.
     """
     choices = []
     touched: list[np.ndarray] = []
-    for cands, nbytes in flows:
-        c = pick(cands, scratch, capacity, nbytes)
+    for cands, inv_cap, nbytes in flows:
+        c = pick(cands, inv_cap, scratch, nbytes)
         scratch[cands[c]] += nbytes
         touched.append(cands[c])
         choices.append(c)
