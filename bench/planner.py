@@ -74,14 +74,14 @@ def balanced(order: list[str], levels: int) -> Levels:
     return {order[int(i)]: levels - 1 - c for c, chunk in enumerate(chunks) for i in chunk}
 
 
-def micro_case(rng: np.random.Generator) -> ClusterView:
-    """§4.4: 2-4 ToRs, 2 aggregation switches, <= 20 hosts, 5 jobs on random hosts."""
+def micro_case(rng: np.random.Generator, njobs: int = 5) -> ClusterView:
+    """§4.4: 2-4 ToRs, 2 aggregation switches, <= 20 hosts, `njobs` jobs on random hosts."""
     tors = int(rng.integers(2, 5))
     per_tor = int(rng.integers(max(2, math.ceil(5 / tors)), 20 // tors + 1))
     topo = clos2(tors, 2, per_tor, nics_per_host=1)
     hosts = topo.hosts
     jobs = []
-    for k in range(5):
+    for k in range(njobs):
         members = rng.choice(len(hosts), size=int(rng.integers(2, 6)), replace=False)
         gpus = int(rng.choice([4, 8]))
         placed = tuple((hosts[int(h)], gpus) for h in members)
@@ -93,8 +93,7 @@ def micro_case(rng: np.random.Generator) -> ClusterView:
     return ClusterView(topo, tuple(jobs))
 
 
-def part_a(cases: int, seed: int) -> None:
-    levels = 3
+def part_a(cases: int, seed: int, njobs: int = 5, levels: int = 3) -> None:
     rng = np.random.default_rng(seed)
     methods: dict[str, Callable[[Plan, Edges], Levels]] = {
         "crux compress() (Alg. 1)": lambda p, e: compress(e, levels, seed=seed),
@@ -106,7 +105,7 @@ def part_a(cases: int, seed: int) -> None:
     contended = 0
     t_exact = t_crux = 0.0
     for _ in range(cases):
-        view = micro_case(rng)
+        view = micro_case(rng, njobs)
         p = plan(view, PlanConfig(levels=levels))
         edges = dag_edges(p)
         if not edges:
@@ -123,7 +122,7 @@ def part_a(cases: int, seed: int) -> None:
             got = cut_weight(edges, assignment)
             ratios[name].append(got / best if best > 0 else 1.0)
     print(f"(a) Compression vs optimum: {cases} cases (2-4 ToRs x 2 aggs, <= 20 hosts, 1 NIC; "
-          f"5 jobs, {levels} levels; seed {seed})")
+          f"{njobs} jobs, {levels} levels; seed {seed})")
     print(f"    cases with contention: {contended}  (skipped without: {cases - contended})")
     rows = []
     for name, r in ratios.items():
@@ -131,7 +130,10 @@ def part_a(cases: int, seed: int) -> None:
         rows.append([name, f"{100 * a.mean():.2f} %", f"{100 * np.percentile(a, 5):.2f} %",
                      f"{100 * a.min():.2f} %", f"{100 * np.mean(a >= EXACT):.1f} %"])
     print(table(["method", "mean", "p5", "min", "optimal"], rows))
-    print("    target: crux mean >= 99 % (seed Fig. 16 reports 97.12 % for compression)")
+    if njobs == 5 and levels == 3:
+        print("    target: crux mean >= 99 % (seed Fig. 16 reports 97.12 % for compression)")
+    else:
+        print("    beyond the seed's setting: more jobs than 10 sampled orders can cover")
     if contended:
         print(f"    time per DAG: compress() {1e3 * t_crux / contended:.2f} ms, "
               f"MIP optimum {1e3 * t_exact / contended:.2f} ms")
@@ -204,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     part_a(cases, args.seed)
     print()
+    for levels in (3, 5):
+        part_a(max(50, cases // 5), args.seed, njobs=20, levels=levels)
+        print()
     part_b(args.quick, args.seed)
     print(f"\n# total wall time {time.perf_counter() - start:.1f} s")
 

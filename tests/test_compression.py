@@ -107,3 +107,14 @@ def test_bad_edges_are_refused() -> None:
         compress({("a", "a"): 1.0}, 2)
     with pytest.raises(ValueError, match="levels"):
         compress({("a", "b"): 1.0}, 0)
+
+
+def test_large_components_stay_exact_on_chains() -> None:
+    # above 2,048 jobs the DP runs on a float32 prefix matrix; a chain's optimum is
+    # still known in closed form: cut the K-1 heaviest links
+    n, levels = 2100, 6
+    weights = [((i * 7919) % 1000) / 10 + 1 for i in range(n - 1)]
+    edges = {(f"c{i:04d}", f"c{i + 1:04d}"): w for i, w in enumerate(weights)}
+    got = compress(edges, levels, samples=2)
+    assert all(got[h] >= got[lo] for h, lo in edges)
+    assert cut_weight(edges, got) == pytest.approx(sum(sorted(weights)[-(levels - 1):]))

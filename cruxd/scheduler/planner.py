@@ -65,18 +65,21 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
 
     flows: list[_Flow] = []
     by_job: list[list[_Flow]] = [[] for _ in range(n)]
-    inverse: dict[int, np.ndarray] = {}  # per candidate set (finder arrays are shared)
+    # candidates, their inverse capacities and source ports, once per (pair, ports)
+    memo: dict[tuple[str, str, int | None, int | None],
+               tuple[np.ndarray, np.ndarray, list[int | None]]] = {}
     for ji, job in enumerate(jobs):
         for spec in job.flows:
             if spec.src == spec.dst:
                 continue
-            cands, sports = _candidates(view, finder, spec)
-            if len(cands) == 0:
-                raise ValueError(f"job {job.id}: no path from {spec.src} to {spec.dst}")
-            inv = inverse.get(id(cands))
-            if inv is None:
-                inv = inverse[id(cands)] = 1.0 / cap[cands]
-            flow = _Flow(ji, spec, cands, inv, sports)
+            key = (spec.src, spec.dst, spec.src_port, spec.dst_port)
+            hit = memo.get(key)
+            if hit is None:
+                cands, sports = _candidates(view, finder, spec)
+                if len(cands) == 0:
+                    raise ValueError(f"job {job.id}: no path from {spec.src} to {spec.dst}")
+                hit = memo[key] = (cands, 1.0 / cap[cands], sports)
+            flow = _Flow(ji, spec, *hit)
             flows.append(flow)
             by_job[ji].append(flow)
 
@@ -99,26 +102,26 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
 
     # 3. path selection, most intensive first
     load = np.zeros(len(cap))
-    demand = np.zeros(len(cap))
     for ji in sorted(range(n), key=lambda i: (-intensity[i], ids[i])):
         weight = intensity[ji] / i_max
         for f in by_job[ji]:
-            rate = 8.0 * f.spec.bytes / period[ji] / 1e9
-            f.choice = pick(f.cands, f.inv_cap, load, weight * rate)
-            path = f.cands[f.choice]
-            load[path] += weight * rate
-            demand[path] += rate
+            x = weight * 8.0 * f.spec.bytes / period[ji] / 1e9
+            f.choice = pick(f.cands, f.inv_cap, load, x)
+            load[f.cands[f.choice]] += x
 
     # 4. priorities
     pr = assign(ids, intensity, compute, overlap, comm, traffic,
                 reference=config.reference_job, window_periods=config.pair_window_periods)
 
     # 5. contention DAG and compression
-    if flows:
-        link_of = np.concatenate([f.cands[f.choice] for f in flows])
-        job_of = np.concatenate([np.full(f.cands.shape[1], f.job) for f in flows])
-    else:
-        link_of = job_of = np.zeros(0, dtype=np.int64)
+    # one entry per (flow, link of its chosen path)
+    hops_per_flow = np.array([f.cands.shape[1] for f in flows], dtype=np.int64)
+    link_of = (np.concatenate([f.cands[f.choice] for f in flows]) if flows
+               else np.zeros(0, dtype=np.int64))
+    job_of = np.repeat(np.array([f.job for f in flows], dtype=np.int64), hops_per_flow)
+    flow_gbps = np.array([8.0 * f.spec.bytes / period[f.job] / 1e9 for f in flows])
+    demand = np.bincount(link_of, weights=np.repeat(flow_gbps, hops_per_flow),
+                         minlength=len(cap))
     hi, lo = contention_edges(link_of, job_of, pr.rank)
     weights = intensity[hi] / i_max
     order = np.argsort(pr.rank)
@@ -141,7 +144,7 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
     return Plan(
         jobs=decisions,
         flows=_flow_decisions(view, ids, flows),
-        links=_busiest(view, flows, demand, config.busiest_links, ids),
+        links=_busiest(view, link_of, job_of, demand, config.busiest_links, ids),
         levels=config.levels,
         reference_job=ids[pr.reference] if pr.reference is not None else None,
         cut_weight=cut,
@@ -189,26 +192,29 @@ def _links_along(view: ClusterView, spec: FlowSpec, hops: tuple[str, ...]) -> li
 def _flow_decisions(view: ClusterView, ids: list[str], flows: list[_Flow]
                     ) -> tuple[FlowDecision, ...]:
     link_dst = [lk.dst for lk in view.topology.links]
+    shapes: dict[tuple[int, int], tuple[tuple[int, ...], tuple[str, ...]]] = {}
     out = []
     for f in flows:
-        path = tuple(f.cands[f.choice].tolist())
-        out.append(FlowDecision(job=ids[f.job], src=f.spec.src, dst=f.spec.dst,
-                                bytes=f.spec.bytes, src_port=f.spec.src_port, path=path,
-                                hops=tuple(link_dst[i] for i in path[:-1]),
-                                sport=f.sports[f.choice], candidates=len(f.cands)))
+        key = (id(f.cands), f.choice)
+        shape = shapes.get(key)
+        if shape is None:
+            path = tuple(f.cands[f.choice].tolist())
+            shape = shapes[key] = (path, tuple(link_dst[i] for i in path[:-1]))
+        out.append(FlowDecision(ids[f.job], f.spec.src, f.spec.dst, f.spec.bytes,
+                                f.spec.src_port, shape[0], shape[1], f.sports[f.choice],
+                                len(f.cands)))
     return tuple(out)
 
 
-def _busiest(view: ClusterView, flows: list[_Flow], demand: np.ndarray, top: int,
-             ids: list[str]) -> tuple[LinkLoad, ...]:
+def _busiest(view: ClusterView, link_of: np.ndarray, job_of: np.ndarray, demand: np.ndarray,
+             top: int, ids: list[str]) -> tuple[LinkLoad, ...]:
     topo = view.topology
     util = demand / topo.capacity
     chosen = [int(i) for i in np.argsort(-util, kind="stable")[:top] if demand[i] > 0]
+    mask = np.isin(link_of, chosen)
     users: dict[int, set[str]] = {i: set() for i in chosen}
-    for f in flows:
-        for link in f.cands[f.choice]:
-            if int(link) in users:
-                users[int(link)].add(ids[f.job])
+    for link, job in zip(link_of[mask].tolist(), job_of[mask].tolist(), strict=True):
+        users[link].add(ids[job])
     return tuple(LinkLoad(link=topo.links[i].name, capacity_gbps=float(topo.capacity[i]),
                           demand_gbps=float(demand[i]), jobs=tuple(sorted(users[i])))
                  for i in chosen)
