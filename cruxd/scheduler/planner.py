@@ -37,6 +37,13 @@ class PlanConfig:
     pair_window_periods: float = 3.0  # window of the pairwise k_j model
     busiest_links: int = 10  # links listed in the plan
 
+    def __post_init__(self) -> None:
+        for name in ("levels", "samples", "max_paths", "busiest_links"):
+            if getattr(self, name) < (0 if name == "busiest_links" else 1):
+                raise ValueError(f"PlanConfig.{name} out of range: {getattr(self, name)}")
+        if not self.pair_window_periods > 0:
+            raise ValueError("PlanConfig.pair_window_periods must be > 0")
+
     def dscp_values(self) -> tuple[int, ...]:
         if self.dscp is None:
             return default_dscp(self.levels)
@@ -90,8 +97,8 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
     comm = np.zeros(n)
     scratch = np.zeros(len(cap))
     for ji, job in enumerate(jobs):
-        t, _ = standalone_comm_time([(f.cands, f.inv_cap, f.spec.bytes) for f in by_job[ji]],
-                                    cap, scratch)
+        t = standalone_comm_time([(f.cands, f.inv_cap, f.spec.bytes) for f in by_job[ji]],
+                                 cap, scratch)
         measured = job.comm_s is not None and job.comm_s > 0 and by_job[ji]
         comm[ji] = job.comm_s if measured and job.comm_s is not None else t
     period = np.maximum(compute, (1.0 - overlap) * compute + comm)

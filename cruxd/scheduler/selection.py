@@ -43,22 +43,20 @@ def pick(cands: np.ndarray, inv_cap: np.ndarray, load: np.ndarray, x: float) -> 
 
 
 def standalone_comm_time(flows: list[tuple[np.ndarray, np.ndarray, float]],
-                         capacity: np.ndarray, scratch: np.ndarray) -> tuple[float, list[int]]:
-    """t_j = max_e M_{j,e} / B_e with the job's flows placed alone, and the choices.
+                         capacity: np.ndarray, scratch: np.ndarray) -> float:
+    """t_j = max_e M_{j,e} / B_e with the job's flows placed alone.
 
     `flows` holds (candidates, their inverse capacities, bytes); `scratch` is a zero
     array as long as the link list, returned zeroed.
     """
-    choices = []
     touched: list[np.ndarray] = []
     for cands, inv_cap, nbytes in flows:
-        c = pick(cands, inv_cap, scratch, nbytes)
-        scratch[cands[c]] += nbytes
-        touched.append(cands[c])
-        choices.append(c)
+        path = cands[pick(cands, inv_cap, scratch, nbytes)]
+        scratch[path] += nbytes
+        touched.append(path)
     if not touched:
-        return 0.0, choices
+        return 0.0
     links = np.unique(np.concatenate(touched))
     t = float((scratch[links] * 8.0 / (capacity[links] * 1e9)).max())
     scratch[links] = 0.0
-    return t, choices
+    return t
