@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -72,12 +71,3 @@ def ring_allreduce(hosts: Sequence[tuple[str, int]], size_bytes: float,
         for c in range(channels):
             flows.append(FlowSpec(src, dst, per_hop / channels, c, c))
     return tuple(flows)
-
-
-def standalone_period(compute_s: float, overlap: float, comm_s: float) -> float:
-    """Iteration time alone: (1-o)c of compute, then max(o*c, t) with comm in parallel."""
-    return max(compute_s, (1.0 - overlap) * compute_s + comm_s)
-
-
-def finite_positive(x: float) -> bool:
-    return math.isfinite(x) and x > 0

@@ -9,7 +9,7 @@ flow be pinned to a NIC rail the way NCCL pins a channel to a NIC.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -153,10 +153,6 @@ class TopologyBuilder:
             in_links={n: tuple(v) for n, v in into.items()},
             capacity=np.array([lk.capacity_gbps for lk in self._links], dtype=np.float64),
         )
-
-
-def links_named(topo: Topology, indices: Iterable[int]) -> list[str]:
-    return [topo.links[i].name for i in indices]
 
 
 def node_sequence(topo: Topology, link_indices: Sequence[int]) -> list[str]:

@@ -60,16 +60,18 @@ def compress_indexed(n: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, leve
         return out
     graph = coo_matrix((np.ones(len(hi)), (hi, lo)), shape=(n, n))
     ncomp, comp = connected_components(graph, directed=True, connection="weak")
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(n)
     rng = np.random.default_rng(seed)
-    edge_comp = comp[hi]
+    # nodes grouped by component, each group still in the known order; edges likewise
+    nodes = order[np.argsort(comp[order], kind="stable")]
+    node_cut = np.searchsorted(comp[nodes], np.arange(ncomp + 1))
+    edges = np.argsort(comp[hi], kind="stable")
+    edge_cut = np.searchsorted(comp[hi][edges], np.arange(ncomp + 1))
+    local = np.empty(n, dtype=np.int64)
     for c in range(ncomp):
-        members = order[comp[order] == c]  # this component, in the known order
+        members = nodes[node_cut[c]:node_cut[c + 1]]
         if len(members) < 2:
             continue
-        sel = edge_comp == c
-        local = np.empty(n, dtype=np.int64)
+        sel = edges[edge_cut[c]:edge_cut[c + 1]]
         local[members] = np.arange(len(members))
         out[members] = _component(len(members), local[hi[sel]], local[lo[sel]], w[sel],
                                   levels, samples, rng)
