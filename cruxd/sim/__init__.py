@@ -1,0 +1,1 @@
+"""The fabric simulator: iterative jobs on a flow-level fluid network (pure)."""

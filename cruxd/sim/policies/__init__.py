@@ -1,0 +1,28 @@
+"""Scheduling policies for the simulator, by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cruxd.sim.policies.base import Context, Decisions, Policy
+from cruxd.sim.policies.crux import crux_fair, crux_full, crux_pa, crux_ps_pa
+from cruxd.sim.policies.ecmp import Ecmp
+from cruxd.sim.policies.fixed import Fixed
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "ecmp": Ecmp,
+    "crux-pa": crux_pa,
+    "crux-ps-pa": crux_ps_pa,
+    "crux-full": crux_full,
+    "crux-fair": crux_fair,
+}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None
+
+
+__all__ = ["POLICIES", "Context", "Decisions", "Fixed", "Policy", "make_policy"]

@@ -1,0 +1,221 @@
+"""Trace-driven runs: epochs between arrivals and departures, one policy.
+
+Within an epoch the running jobs, their paths and levels are fixed, so it is
+simulated event by event (`engine`). Long epochs are not simulated to the end: the
+first `window` seconds are (at least `window_periods` iterations of the slowest
+job), each job's rates (iterations, busy GPU time, bytes per link) are measured
+there and extrapolated to the epoch's end, and the job states are shifted in time
+so the next epoch starts with the same relative phases. Jobs with an iteration
+budget leave when it is used up (exactly inside a simulated window, else at the
+extrapolated time), which ends the epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cruxd.model.jobs import Job
+from cruxd.model.paths import PathFinder, finder_for
+from cruxd.model.topology import Topology
+from cruxd.scheduler.selection import standalone_comm_time
+from cruxd.sim.ecmp import hash_path, source_port
+from cruxd.sim.engine import Engine, JobState, initial_state
+from cruxd.sim.metrics import JobRecord, SimResult
+from cruxd.sim.policies.base import Context, Decisions, Policy, network_flows
+
+
+@dataclass(frozen=True)
+class SimJob:
+    job: Job
+    arrival_s: float = 0.0
+    iterations: float | None = None  # work; None: runs to the horizon
+    start_phase: str = "compute"  # or "comm": the first iteration begins with its collective
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    horizon_s: float = math.inf
+    levels: int = 8  # priority levels of the fabric (the seed's simulator: 8)
+    seed: int = 0
+    window_s: float = 30.0  # simulated part of a long epoch
+    window_periods: float = 20.0  # ... at least this many iterations of its slowest job
+    replan_every_s: float | None = None  # periodic re-decisions (crux-fair's window)
+    max_paths: int = 64
+
+
+@dataclass
+class _Running:
+    sim: SimJob
+    state: JobState
+    record: JobRecord
+    period: float  # standalone iteration time
+    budget_left: float = math.inf
+    recent: list[tuple[float, float]] = field(default_factory=list)  # (dt, iterations)
+
+
+def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConfig,
+             progress: Callable[[float], None] | None = None) -> SimResult:
+    finder = finder_for(topo, config.max_paths)
+    pending = sorted(jobs, key=lambda s: (s.arrival_s, s.job.id))
+    horizon = config.horizon_s
+    if not math.isfinite(horizon) and any(s.iterations is None for s in jobs):
+        raise ValueError("jobs without an iteration budget need a finite horizon")
+    running: dict[str, _Running] = {}
+    records: list[JobRecord] = []
+    series: list[tuple[float, float, float, float]] = []
+    link_bytes = np.zeros(len(topo.links))
+    now = pending[0].arrival_s if pending else 0.0
+    decisions = Decisions()
+    next_replan = math.inf
+    changed = True
+    new: set[str] = set()
+    while now < horizon and (pending or running):
+        while pending and pending[0].arrival_s <= now + 1e-12:
+            s = pending.pop(0)
+            running[s.job.id] = _admit(s, now, finder, config)
+            new.add(s.job.id)
+            changed = True
+        if changed or now >= next_replan:
+            ctx = Context(topo, finder, tuple(r.sim.job for r in running.values()),
+                          frozenset(new), now, config.levels, _throughput(running), config.seed)
+            decisions = policy.decide(ctx)
+            for jid in new:  # CASSINI-style start offsets apply to new jobs only
+                off = decisions.offset_s.get(jid, 0.0)
+                if off > 0:
+                    r = running[jid]
+                    r.state = initial_state(now + off, r.sim.job.compute_s, r.sim.job.overlap,
+                                            r.sim.start_phase)
+            new.clear()
+            changed = False
+            if config.replan_every_s:
+                next_replan = now + config.replan_every_s
+        end = min(pending[0].arrival_s if pending else math.inf, horizon, next_replan)
+        if not running:
+            now = end
+            continue
+        order = list(running)
+        engine, used = _engine(topo, finder, [running[j] for j in order], decisions, config)
+        states = [running[j].state for j in order]
+        slowest = max(running[j].period for j in order)
+        window = max(config.window_s, config.window_periods * slowest)
+        exact = end - now <= window
+        res = engine.run(states, now, end if exact else now + window)
+        span = res.end - now
+        iters, busy, lbytes = res.iterations.copy(), res.busy.copy(), res.link_bytes.copy()
+        stop = res.end
+        finished = set(j for j, f in zip(order, res.finished, strict=True) if f)
+        if not exact and not finished:
+            # extrapolate the measured rates to the epoch's end or the first departure
+            rate = iters / span
+            stop = end
+            for k, j in enumerate(order):
+                left = running[j].budget_left - iters[k]
+                if rate[k] > 0 and math.isfinite(left):
+                    stop = min(stop, res.end + left / rate[k])
+            grow = (stop - res.end) / span
+            extra = iters * grow
+            iters += extra
+            busy += busy * grow
+            lbytes += lbytes * grow
+            for k, j in enumerate(order):
+                running[j].state.shift(stop - res.end)
+                running[j].state.iterations += extra[k]
+                if running[j].budget_left - iters[k] <= 1e-6:
+                    finished.add(j)
+        link_bytes[used] += lbytes
+        alloc = 0.0
+        for k, j in enumerate(order):
+            r = running[j]
+            r.budget_left -= iters[k]
+            r.record.busy_gpu_s += float(busy[k])
+            r.record.iterations += float(iters[k])
+            r.recent.append((stop - now, float(iters[k])))
+            alloc += r.sim.job.gpus * (stop - now)
+        series.append((now, stop, float(busy.sum()), alloc))
+        now = stop
+        for j in sorted(finished):
+            r = running.pop(j)
+            r.record.end_s = now
+            records.append(r.record)
+            changed = True
+        if progress is not None:
+            progress(now)
+    for r in running.values():
+        r.record.end_s = min(now, horizon)
+        records.append(r.record)
+    return SimResult(policy=policy.name, horizon_s=min(now, horizon), jobs=records,
+                     series=series, link_bytes=link_bytes, topology=topo)
+
+
+def _admit(s: SimJob, now: float, finder: PathFinder, config: SimConfig) -> _Running:
+    job = s.job
+    cap = finder.topo.capacity
+    flows = [(c, 1.0 / cap[c], f.bytes) for f in job.flows if f.src != f.dst
+             for c in [finder.candidates(f.src, f.dst, f.src_port, f.dst_port)]]
+    t = standalone_comm_time(flows, cap, np.zeros(len(cap))) if flows else 0.0
+    alpha = max((_latency(finder.topo, c[0]) for c, _, _ in flows), default=0.0)
+    comm = t + alpha if flows else 0.0
+    period = max(job.compute_s, (1.0 - job.overlap) * job.compute_s + comm)
+    record = JobRecord(job=job.id, gpus=job.gpus, arrival_s=s.arrival_s, start_s=now,
+                       standalone_period_s=period, iterations_goal=s.iterations)
+    state = initial_state(now, job.compute_s, job.overlap, s.start_phase)
+    budget = s.iterations if s.iterations is not None else math.inf
+    return _Running(s, state, record, period, budget)
+
+
+def _latency(topo: Topology, path: np.ndarray) -> float:
+    return float(sum(topo.links[int(i)].latency_us for i in path)) * 1e-6
+
+
+def _engine(topo: Topology, finder: PathFinder, runs: list[_Running], decisions: Decisions,
+            config: SimConfig) -> tuple[Engine, np.ndarray]:
+    per_job: list[dict[int, float]] = []
+    alphas, means = [], []
+    for r in runs:
+        job = r.sim.job
+        chosen = decisions.paths.get(job.id, ())
+        loads: dict[int, float] = {}
+        alpha = 0.0
+        idx = network_flows(job)
+        for k, fi in enumerate(idx):
+            f = job.flows[fi]
+            path = chosen[k] if k < len(chosen) and chosen[k] is not None else None
+            if path is None:
+                path = hash_path(finder, f, source_port(job.id, fi, config.seed), config.seed)
+            for link in path.tolist():
+                loads[link] = loads.get(link, 0.0) + f.bytes
+            alpha = max(alpha, _latency(topo, path))
+        per_job.append(loads)
+        alphas.append(alpha)
+        means.append(float(np.mean([job.flows[i].bytes for i in idx])) if idx else 0.0)
+    used = np.array(sorted({link for loads in per_job for link in loads}), dtype=np.int64)
+    col = {int(link): c for c, link in enumerate(used)}
+    m = np.zeros((len(runs), len(used)))
+    for i, loads in enumerate(per_job):
+        for link, b in loads.items():
+            m[i, col[link]] = b
+    engine = Engine(
+        compute_s=np.array([r.sim.job.compute_s for r in runs]),
+        overlap=np.array([r.sim.job.overlap for r in runs]),
+        gpus=np.array([float(r.sim.job.gpus) for r in runs]),
+        m_bytes=m, mean_flow=np.array(means),
+        capacity=topo.capacity[used] * 1e9 / 8.0,
+        level=np.array([decisions.level.get(r.sim.job.id, 0) for r in runs]),
+        alpha=np.array(alphas),
+        budget=np.array([math.ceil(r.budget_left - 1e-9) if math.isfinite(r.budget_left)
+                         else math.inf for r in runs], dtype=np.float64))
+    return engine, used
+
+
+def _throughput(running: dict[str, _Running], window: int = 3) -> dict[str, float]:
+    """Recent throughput over standalone, from the last few epochs of each job."""
+    out = {}
+    for j, r in running.items():
+        span = sum(dt for dt, _ in r.recent[-window:])
+        if span > 0:
+            out[j] = sum(it for _, it in r.recent[-window:]) / span * r.period
+    return out
