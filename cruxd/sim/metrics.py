@@ -62,7 +62,8 @@ class SimResult:
     def utilization_over_time(self, bins: int = 200) -> tuple[np.ndarray, np.ndarray]:
         """(bin centres, utilisation per bin): busy over allocated inside each bin."""
         if not self.series:
-            return np.zeros(0), np.zeros(0)
+            empty: np.ndarray = np.zeros(0)
+            return empty, empty
         t0, t1 = self.series[0][0], self.series[-1][1]
         edges = np.linspace(t0, t1, bins + 1)
         busy = np.zeros(bins)
@@ -77,7 +78,8 @@ class SimResult:
             alloc += share * al
         with np.errstate(invalid="ignore", divide="ignore"):
             util: np.ndarray = np.where(alloc > 0, busy / alloc, np.nan)
-        return (edges[:-1] + edges[1:]) / 2, util
+        centres: np.ndarray = (edges[:-1] + edges[1:]) / 2
+        return centres, util
 
     def _ratios(self) -> np.ndarray:
         r = np.array([j.throughput_ratio for j in self.jobs if j.active_s > 0])
