@@ -83,7 +83,8 @@ class SimResult:
 
     def _ratios(self) -> np.ndarray:
         r = np.array([j.throughput_ratio for j in self.jobs if j.active_s > 0])
-        return r[np.isfinite(r)]
+        finite: np.ndarray = r[np.isfinite(r)]
+        return finite
 
     @property
     def mean_slowdown(self) -> float:
