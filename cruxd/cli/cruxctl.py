@@ -43,6 +43,31 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     pl.add_argument("--flows", type=int, default=20, metavar="N",
                     help="flows to list in the table (default 20)")
+
+    sm = sub.add_parser(
+        "simulate", help="simulate the scenario's jobs under scheduling policies",
+        description="Simulate the scenario's jobs iteration by iteration (compute, then "
+                    "collectives sharing the fabric by priority and max-min fair share) under "
+                    "each policy, and compare GPU utilisation and per-job slowdown. The "
+                    "simulation fields of a scenario are in docs/scenario.md, 'Simulation'.",
+        epilog="Policies: ecmp, crux-pa, crux-ps-pa, crux-full, crux-fair, fixed (levels from "
+               "the scenario's simulate.fixed_levels) and the baselines registered in "
+               "cruxd.sim.policies. Exit status: 0 ok, 1 internal error, 2 bad input.")
+    sm.add_argument("scenario", metavar="SCENARIO",
+                    help="a scenario file (.json/.yaml) or a bundled name")
+    sm.add_argument("--policy", metavar="P[,P...]",
+                    help="policies to compare, comma-separated (default: the scenario's "
+                         "simulate.policies, else ecmp,crux-full)")
+    sm.add_argument("--horizon", type=float, metavar="T",
+                    help="seconds to simulate (overrides simulate.horizon_s; needed when a "
+                         "job has no iteration budget and the scenario gives no horizon)")
+    sm.add_argument("--seed", type=int, metavar="S",
+                    help="seed of ECMP hashing and planning (default: the scenario's seed, 0)")
+    sm.add_argument("--levels", type=int, metavar="K",
+                    help="priority levels of the fabric (overrides simulate.levels; default 8)")
+    sm.add_argument("--json", action="store_true", help="print the results as JSON")
+    sm.add_argument("--plot", type=Path, metavar="FILE.png",
+                    help="write a figure: utilisation over time and per-job slowdown")
     return p
 
 
@@ -59,6 +84,13 @@ def _resolve(arg: str | None) -> Path:
         return found
     raise UsageError(f"{arg}: no such file, nor a bundled scenario "
                      f"(bundled: {', '.join(bundled_names())})")
+
+
+def _console() -> Console:
+    console = Console()
+    if not console.is_terminal:  # pipes and logs: wide enough that no number is cut
+        console = Console(width=120)
+    return console
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -79,17 +111,52 @@ def cmd_plan(args: argparse.Namespace) -> int:
         json.dump(plan_json(sc, result, latency), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        console = Console()
-        if not console.is_terminal:  # pipes and logs: wide enough that no number is cut
-            console = Console(width=120)
-        print_plan(console, sc, result, latency, max_flows=max(0, args.flows))
+        print_plan(_console(), sc, result, latency, max_flows=max(0, args.flows))
+    return 0
+
+
+def _policy_list(arg: str | None) -> list[str] | None:
+    if arg is None:
+        return None
+    names = [n.strip() for n in arg.split(",")]
+    if not all(names):
+        raise UsageError(f"--policy {arg!r}: expected names separated by commas")
+    return names
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from cruxd.cli.simview import print_simulation, run_policies, simulate_json
+    from cruxd.scenario.simulation import simulation_of
+
+    path = _resolve(args.scenario)
+    if args.plot is not None and not args.plot.parent.is_dir():
+        raise UsageError(f"--plot {args.plot}: no such directory {str(args.plot.parent)!r}")
+    sc = load_scenario(path)
+    jobs, settings = simulation_of(sc, policies=_policy_list(args.policy),
+                                   horizon_s=args.horizon, seed=args.seed, levels=args.levels)
+    try:
+        runs = run_policies(sc, jobs, settings)
+    except ValueError as exc:  # e.g. hosts with no path between them
+        raise ScenarioError(f"cannot simulate: {exc}", where=str(path)) from None
+    if args.plot is not None:
+        from cruxd.cli.plots import write_plot
+
+        write_plot(args.plot, sc, runs)
+    if args.json:
+        json.dump(simulate_json(sc, settings, runs), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        console = _console()
+        print_simulation(console, sc, settings, runs)
+        if args.plot is not None:
+            console.print(f"Plot written to {args.plot}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"plan": cmd_plan}[args.command](args)
+        return {"plan": cmd_plan, "simulate": cmd_simulate}[args.command](args)
     except CruxError as exc:
         print(f"cruxctl: error: {exc}", file=sys.stderr)
         return exc.exit_status

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from cruxd.model.jobs import FlowSpec, Job, ring_allreduce
 from cruxd.model.topology import Topology
 from cruxd.model.view import ClusterView, DiscoveredPath
 from cruxd.scenario.reader import Cursor, load_document
+from cruxd.scenario.simulation import JOB_FIELDS, SimulationSpec, parse_simulation
 from cruxd.scenario.topology import parse_topology
 from cruxd.scheduler.planner import PlanConfig
 
@@ -20,9 +21,9 @@ DEFAULT_GPU_TFLOPS = 100.0  # W_j default: GPUs x compute_s x this (A100-class, 
 SPORT_LO, SPORT_HI = 0xC000, 0xFFFF  # RoCEv2 source ports reachable through the flow label
 
 _TOP = {"version", "name", "description", "topology", "jobs", "levels", "dscp", "samples",
-        "seed", "max_paths", "reference_job", "gpu_tflops", "path_table"}
+        "seed", "max_paths", "reference_job", "gpu_tflops", "path_table", "simulate"}
 _JOB = {"id", "hosts", "gpus_per_host", "compute_s", "flops", "overlap", "comm_s", "pattern",
-        "bytes", "flows"}
+        "bytes", "flows", *JOB_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Scenario:
     view: ClusterView
     config: PlanConfig
     source: str
+    simulation: SimulationSpec = field(default_factory=SimulationSpec)  # cruxctl simulate
 
 
 def bundled(name: str) -> Path | None:
@@ -67,10 +69,12 @@ def parse_scenario(doc: Any, base: Path, source: str = "<scenario>", *,
     ids = {j.id for j in jobs}
     config = _config(cur, ids, levels)
     table = _path_table(cur["path_table"], topo) if cur.get("path_table") else {}
+    simulation = parse_simulation(cur, jobs)
     return Scenario(
         name=cur["name"].string() if cur.get("name") else Path(source).stem,
         description=cur["description"].string() if cur.get("description") else "",
-        view=ClusterView(topo, tuple(jobs), table), config=config, source=source)
+        view=ClusterView(topo, tuple(jobs), table), config=config, source=source,
+        simulation=simulation)
 
 
 def _config(cur: Cursor, ids: set[str], levels: int | None) -> PlanConfig:

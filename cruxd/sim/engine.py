@@ -49,11 +49,25 @@ def initial_state(at: float, compute_s: float, overlap: float, phase: str) -> Jo
 
 @dataclass
 class WindowResult:
+    start: float
     end: float  # where the window stopped (early when a job used up its budget)
     busy: np.ndarray  # GPU-seconds of compute per job inside the window
     iterations: np.ndarray  # iterations completed per job inside the window
     finished: np.ndarray  # jobs that reached their iteration budget
     link_bytes: np.ndarray  # bytes carried per link (over `links`)
+    first_end: np.ndarray  # when each job's first iteration inside the window ended
+    last_end: np.ndarray  # ... and its last one (nan: none)
+
+    def steady_rate(self) -> np.ndarray:
+        """Iterations per second between the first and the last iteration end: exact
+        for a periodic regime, unlike a count over a window that cuts iterations."""
+        span = self.last_end - self.first_end
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = np.where(self.iterations >= 2, (self.iterations - 1) / span, np.nan)
+        window = self.end - self.start
+        fallback = self.iterations / window if window > 0 else np.zeros_like(rate)
+        out: np.ndarray = np.where(np.isfinite(rate), rate, fallback)
+        return out
 
 
 class Engine:
@@ -87,6 +101,8 @@ class Engine:
         comm_done = np.where(~self.networked & ~np.isfinite(comm_done), comm_at, comm_done)
         busy = self.gpus * _overlap(start, start + self.compute_s, np.maximum(t0, begin), t1)
         iters = np.zeros(n)
+        first_end = np.full(n, np.nan)
+        last_end = np.full(n, np.nan)
         link_bytes = np.zeros(self.m_bytes.shape[1])
         now = t0
         sending_prev: np.ndarray | None = None
@@ -126,6 +142,8 @@ class Engine:
                 start + self.compute_s <= now + _EPS)
             if over.any():
                 iters[over] += 1
+                first_end[over & np.isnan(first_end)] = now
+                last_end[over] = now
                 start[over] = now
                 comm_at[over] = now + (1.0 - self.overlap[over]) * self.compute_s[over]
                 remaining[over] = np.where(self.networked[over], 1.0, 0.0)
@@ -145,8 +163,12 @@ class Engine:
             s.comm_done = float(comm_done[i])
             s.iterations += float(iters[i])
         finished = iters >= self.budget
-        return WindowResult(end=min(now, t1), busy=busy, iterations=iters, finished=finished,
-                            link_bytes=link_bytes)
+        # within _EPS of the window's end counts as its end: reporting the instant
+        # just before would leave the caller a sliver of window that never advances
+        end = t1 if now >= t1 - _EPS else now
+        return WindowResult(start=t0, end=end, busy=busy, iterations=iters,
+                            finished=finished, link_bytes=link_bytes, first_end=first_end,
+                            last_end=last_end)
 
 
 def _overlap(a0: np.ndarray, a1: np.ndarray, b0: np.ndarray | float, b1: float) -> np.ndarray:

@@ -87,14 +87,25 @@ class SimResult:
         return finite
 
     @property
+    def starved_jobs(self) -> int:
+        """Jobs that completed no iteration at all while running."""
+        return int(np.sum(self._ratios() <= 0))
+
+    @property
     def mean_slowdown(self) -> float:
+        """Mean of standalone over achieved iteration rate, over the jobs that made
+        progress (starved jobs are counted by `starved_jobs`)."""
         r = self._ratios()
-        return float(np.mean(1.0 / np.maximum(r, 1e-12))) if len(r) else math.nan
+        r = r[r > 0]
+        return float(np.mean(1.0 / r)) if len(r) else math.nan
 
     @property
     def max_slowdown(self) -> float:
+        """inf when a job starved."""
         r = self._ratios()
-        return float(np.max(1.0 / np.maximum(r, 1e-12))) if len(r) else math.nan
+        if not len(r):
+            return math.nan
+        return math.inf if r.min() <= 0 else float(np.max(1.0 / r))
 
     @property
     def worst_throughput_ratio(self) -> float:
@@ -123,6 +134,7 @@ class SimResult:
             "gpu_utilization": num(self.gpu_utilization),
             "mean_slowdown": num(self.mean_slowdown),
             "max_slowdown": num(self.max_slowdown),
+            "starved_jobs": self.starved_jobs,
             "worst_throughput_ratio": num(self.worst_throughput_ratio),
             "network_utilization": num(self.network_utilization),
         }

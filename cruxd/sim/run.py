@@ -27,6 +27,8 @@ from cruxd.sim.engine import Engine, JobState, initial_state
 from cruxd.sim.metrics import JobRecord, SimResult
 from cruxd.sim.policies.base import Context, Decisions, Policy, network_flows
 
+_EPS = 1e-9
+
 
 @dataclass(frozen=True)
 class SimJob:
@@ -74,15 +76,17 @@ def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConf
     changed = True
     new: set[str] = set()
     while now < horizon and (pending or running):
-        while pending and pending[0].arrival_s <= now + 1e-12:
+        while pending and pending[0].arrival_s <= now + _EPS:
             s = pending.pop(0)
             running[s.job.id] = _admit(s, now, finder, config)
             new.add(s.job.id)
             changed = True
-        if changed or now >= next_replan:
+        if changed or now >= next_replan - _EPS:
             ctx = Context(topo, finder, tuple(r.sim.job for r in running.values()),
                           frozenset(new), now, config.levels, _throughput(running), config.seed)
             decisions = policy.decide(ctx)
+            if not getattr(policy, "ideal_levels", False):
+                decisions = _fit_levels(decisions, config.levels)
             for jid in new:  # CASSINI-style start offsets apply to new jobs only
                 off = decisions.offset_s.get(jid, 0.0)
                 if off > 0:
@@ -94,6 +98,9 @@ def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConf
             if config.replan_every_s:
                 next_replan = now + config.replan_every_s
         end = min(pending[0].arrival_s if pending else math.inf, horizon, next_replan)
+        if end - now <= _EPS:  # nothing left of this epoch but rounding
+            now = end
+            continue
         if not running:
             now = end
             continue
@@ -104,23 +111,22 @@ def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConf
         window = max(config.window_s, config.window_periods * slowest)
         exact = end - now <= window
         res = engine.run(states, now, end if exact else now + window)
-        span = res.end - now
         iters, busy, lbytes = res.iterations.copy(), res.busy.copy(), res.link_bytes.copy()
         stop = res.end
         finished = set(j for j, f in zip(order, res.finished, strict=True) if f)
         if not exact and not finished:
-            # extrapolate the measured rates to the epoch's end or the first departure
-            rate = iters / span
+            # extrapolate the steady rates to the epoch's end or the first departure;
+            # every further iteration computes compute_s and sends its bytes once
+            rate = res.steady_rate()
             stop = end
             for k, j in enumerate(order):
                 left = running[j].budget_left - iters[k]
                 if rate[k] > 0 and math.isfinite(left):
                     stop = min(stop, res.end + left / rate[k])
-            grow = (stop - res.end) / span
-            extra = iters * grow
+            extra = rate * (stop - res.end)
             iters += extra
-            busy += busy * grow
-            lbytes += lbytes * grow
+            busy += extra * engine.compute_s * engine.gpus
+            lbytes += extra @ engine.m_bytes
             for k, j in enumerate(order):
                 running[j].state.shift(stop - res.end)
                 running[j].state.iterations += extra[k]
@@ -219,3 +225,15 @@ def _throughput(running: dict[str, _Running], window: int = 3) -> dict[str, floa
         if span > 0:
             out[j] = sum(it for _, it in r.recent[-window:]) / span * r.period
     return out
+
+
+def _fit_levels(decisions: Decisions, levels: int) -> Decisions:
+    """Squash a policy's priorities onto the fabric's levels the way a scheduler
+    without compression would (seed §4.3, Sincronia): the top levels-1 priorities
+    keep a level each, every lower one shares the lowest."""
+    distinct = sorted(set(decisions.level.values()), reverse=True)
+    if len(distinct) <= levels:
+        return decisions
+    place = {v: max(levels - 1 - i, 0) for i, v in enumerate(distinct)}
+    return Decisions(level={j: place[v] for j, v in decisions.level.items()},
+                     paths=decisions.paths, offset_s=decisions.offset_s)

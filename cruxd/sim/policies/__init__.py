@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cruxd.sim.policies.base import Context, Decisions, Policy
+from cruxd.sim.policies.cassini import Cassini
 from cruxd.sim.policies.crux import crux_fair, crux_full, crux_pa, crux_ps_pa
 from cruxd.sim.policies.ecmp import Ecmp
 from cruxd.sim.policies.fixed import Fixed
+from cruxd.sim.policies.sincronia import Sincronia
+from cruxd.sim.policies.taccl import Taccl
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "ecmp": Ecmp,
@@ -15,6 +18,9 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "crux-ps-pa": crux_ps_pa,
     "crux-full": crux_full,
     "crux-fair": crux_fair,
+    "sincronia": Sincronia,
+    "taccl*": Taccl,
+    "cassini": Cassini,
 }
 
 

@@ -22,6 +22,8 @@ class Crux:
                  floor: float | None = None) -> None:
         self.name = name
         self.paths, self.compress, self.floor = paths, compress, floor
+        # the uncompressed ablations keep one level per job (an ideal fabric)
+        self.ideal_levels = not compress
 
     def decide(self, ctx: Context) -> Decisions:
         if not ctx.jobs:
