@@ -73,6 +73,7 @@ def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConf
     now = pending[0].arrival_s if pending else 0.0
     decisions = Decisions()
     next_replan = math.inf
+    replan_every = config.replan_every_s or getattr(policy, "replan_every_s", None)
     changed = True
     new: set[str] = set()
     while now < horizon and (pending or running):
@@ -95,8 +96,8 @@ def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConf
                                             r.sim.start_phase)
             new.clear()
             changed = False
-            if config.replan_every_s:
-                next_replan = now + config.replan_every_s
+            if replan_every:
+                next_replan = now + replan_every
         end = min(pending[0].arrival_s if pending else math.inf, horizon, next_replan)
         if end - now <= _EPS:  # nothing left of this epoch but rounding
             now = end

@@ -19,11 +19,13 @@ from cruxd.sim.policies.base import Context, Decisions
 
 class Crux:
     def __init__(self, name: str = "crux-full", *, paths: bool = True, compress: bool = True,
-                 floor: float | None = None) -> None:
+                 floor: float | None = None, replan_every_s: float | None = None) -> None:
         self.name = name
         self.paths, self.compress, self.floor = paths, compress, floor
         # the uncompressed ablations keep one level per job (an ideal fabric)
         self.ideal_levels = not compress
+        # the floor needs fresh throughput: re-plan on a clock, not only on arrivals
+        self.replan_every_s = replan_every_s
 
     def decide(self, ctx: Context) -> Decisions:
         if not ctx.jobs:
@@ -63,5 +65,5 @@ def crux_full() -> Crux:
     return Crux("crux-full")
 
 
-def crux_fair(floor: float = 0.5) -> Crux:
-    return Crux("crux-fair", floor=floor)
+def crux_fair(floor: float = 0.5, replan_every_s: float = 60.0) -> Crux:
+    return Crux("crux-fair", floor=floor, replan_every_s=replan_every_s)
