@@ -89,6 +89,18 @@ class Engine:
         self.mean_flow = mean_flow
         self.networked = m_bytes.sum(axis=1) > 0
 
+    def alone_rate(self) -> np.ndarray:
+        """Iterations per second of each job as if it had the fabric to itself: its
+        collective takes max_e M_e / B_e plus its latency (exact for a job that
+        shares no link, whatever its phase)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            comm = np.where(self.networked,
+                            (self.m_bytes / self.capacity).max(axis=1, initial=0.0) + self.alpha,
+                            0.0)
+        period = np.maximum(self.compute_s, (1.0 - self.overlap) * self.compute_s + comm)
+        rate: np.ndarray = 1.0 / period
+        return rate
+
     def run(self, states: list[JobState], t0: float, t1: float) -> WindowResult:
         n = len(states)
         start = np.array([s.start for s in states])

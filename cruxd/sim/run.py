@@ -13,7 +13,7 @@ extrapolated time), which ends the epoch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +24,7 @@ from cruxd.model.topology import Topology
 from cruxd.scheduler.selection import standalone_comm_time
 from cruxd.sim.ecmp import hash_path, source_port
 from cruxd.sim.engine import Engine, JobState, initial_state
+from cruxd.sim.epoch import Component, components
 from cruxd.sim.metrics import JobRecord, SimResult
 from cruxd.sim.policies.base import Context, Decisions, Policy, network_flows
 
@@ -43,8 +44,8 @@ class SimConfig:
     horizon_s: float = math.inf
     levels: int = 8  # priority levels of the fabric (the seed's simulator: 8)
     seed: int = 0
-    window_s: float = 30.0  # simulated part of a long epoch
-    window_periods: float = 20.0  # ... at least this many iterations of its slowest job
+    window_s: float = 20.0  # simulated part of a long epoch
+    window_periods: float = 10.0  # ... at least this many iterations of its slowest job
     replan_every_s: float | None = None  # periodic re-decisions (crux-fair's window)
     max_paths: int = 64
 
@@ -57,6 +58,7 @@ class _Running:
     period: float  # standalone iteration time
     budget_left: float = math.inf
     recent: list[tuple[float, float]] = field(default_factory=list)  # (dt, iterations)
+    load: _Load | None = None  # its traffic under the current decisions
 
 
 def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConfig,
@@ -76,6 +78,7 @@ def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConf
     replan_every = config.replan_every_s or getattr(policy, "replan_every_s", None)
     changed = True
     new: set[str] = set()
+    cache: dict[Hashable, np.ndarray] = {}  # steady rates per component signature
     while now < horizon and (pending or running):
         while pending and pending[0].arrival_s <= now + _EPS:
             s = pending.pop(0)
@@ -94,6 +97,8 @@ def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConf
                     r = running[jid]
                     r.state = initial_state(now + off, r.sim.job.compute_s, r.sim.job.overlap,
                                             r.sim.start_phase)
+            for r in running.values():
+                r.load = _job_load(topo, finder, r, decisions, config)
             new.clear()
             changed = False
             if replan_every:
@@ -106,43 +111,24 @@ def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConf
             now = end
             continue
         order = list(running)
-        engine, used = _engine(topo, finder, [running[j] for j in order], decisions, config)
-        states = [running[j].state for j in order]
-        slowest = max(running[j].period for j in order)
-        window = max(config.window_s, config.window_periods * slowest)
-        exact = end - now <= window
-        res = engine.run(states, now, end if exact else now + window)
-        iters, busy, lbytes = res.iterations.copy(), res.busy.copy(), res.link_bytes.copy()
-        stop = res.end
-        finished = set(j for j, f in zip(order, res.finished, strict=True) if f)
-        if not exact and not finished:
-            # extrapolate the steady rates to the epoch's end or the first departure;
-            # every further iteration computes compute_s and sends its bytes once
-            rate = res.steady_rate()
-            stop = end
-            for k, j in enumerate(order):
-                left = running[j].budget_left - iters[k]
-                if rate[k] > 0 and math.isfinite(left):
-                    stop = min(stop, res.end + left / rate[k])
-            extra = rate * (stop - res.end)
-            iters += extra
-            busy += extra * engine.compute_s * engine.gpus
-            lbytes += extra @ engine.m_bytes
-            for k, j in enumerate(order):
-                running[j].state.shift(stop - res.end)
-                running[j].state.iterations += extra[k]
-                if running[j].budget_left - iters[k] <= 1e-6:
+        parts = _components(topo, running, order, decisions, config)
+        stop = min([end, *(comp.plan(now, end, cache) for _, _, comp in parts)])
+        finished: set[str] = set()
+        busy_total = 0.0
+        for ids, used, comp in parts:
+            adv = comp.advance(now, stop)
+            link_bytes[used] += adv.link_bytes
+            busy_total += float(adv.busy.sum())
+            for k, j in enumerate(ids):
+                r = running[j]
+                r.budget_left -= float(adv.iterations[k])
+                r.record.busy_gpu_s += float(adv.busy[k])
+                r.record.iterations += float(adv.iterations[k])
+                r.recent.append((stop - now, float(adv.iterations[k])))
+                if adv.finished[k]:
                     finished.add(j)
-        link_bytes[used] += lbytes
-        alloc = 0.0
-        for k, j in enumerate(order):
-            r = running[j]
-            r.budget_left -= iters[k]
-            r.record.busy_gpu_s += float(busy[k])
-            r.record.iterations += float(iters[k])
-            r.recent.append((stop - now, float(iters[k])))
-            alloc += r.sim.job.gpus * (stop - now)
-        series.append((now, stop, float(busy.sum()), alloc))
+        alloc = sum(running[j].sim.job.gpus for j in order) * (stop - now)
+        series.append((now, stop, busy_total, alloc))
         now = stop
         for j in sorted(finished):
             r = running.pop(j)
@@ -178,44 +164,75 @@ def _latency(topo: Topology, path: np.ndarray) -> float:
     return float(sum(topo.links[int(i)].latency_us for i in path)) * 1e-6
 
 
-def _engine(topo: Topology, finder: PathFinder, runs: list[_Running], decisions: Decisions,
-            config: SimConfig) -> tuple[Engine, np.ndarray]:
-    per_job: list[dict[int, float]] = []
-    alphas, means = [], []
-    for r in runs:
-        job = r.sim.job
-        chosen = decisions.paths.get(job.id, ())
-        loads: dict[int, float] = {}
-        alpha = 0.0
-        idx = network_flows(job)
-        for k, fi in enumerate(idx):
-            f = job.flows[fi]
-            path = chosen[k] if k < len(chosen) and chosen[k] is not None else None
-            if path is None:
-                path = hash_path(finder, f, source_port(job.id, fi, config.seed), config.seed)
-            for link in path.tolist():
-                loads[link] = loads.get(link, 0.0) + f.bytes
-            alpha = max(alpha, _latency(topo, path))
-        per_job.append(loads)
-        alphas.append(alpha)
-        means.append(float(np.mean([job.flows[i].bytes for i in idx])) if idx else 0.0)
-    used = np.array(sorted({link for loads in per_job for link in loads}), dtype=np.int64)
-    col = {int(link): c for c, link in enumerate(used)}
-    m = np.zeros((len(runs), len(used)))
-    for i, loads in enumerate(per_job):
-        for link, b in loads.items():
-            m[i, col[link]] = b
-    engine = Engine(
-        compute_s=np.array([r.sim.job.compute_s for r in runs]),
-        overlap=np.array([r.sim.job.overlap for r in runs]),
-        gpus=np.array([float(r.sim.job.gpus) for r in runs]),
-        m_bytes=m, mean_flow=np.array(means),
-        capacity=topo.capacity[used] * 1e9 / 8.0,
-        level=np.array([decisions.level.get(r.sim.job.id, 0) for r in runs]),
-        alpha=np.array(alphas),
-        budget=np.array([math.ceil(r.budget_left - 1e-9) if math.isfinite(r.budget_left)
-                         else math.inf for r in runs], dtype=np.float64))
-    return engine, used
+@dataclass(frozen=True)
+class _Load:
+    """A job's traffic under one set of decisions."""
+
+    bytes_on: dict[int, float]  # link -> bytes per iteration
+    alpha: float  # path latency of its slowest flow (s)
+    mean_flow: float  # mean bytes of its flows
+    key: tuple[tuple[int, float], ...]  # for cache signatures
+
+
+def _job_load(topo: Topology, finder: PathFinder, r: _Running, decisions: Decisions,
+              config: SimConfig) -> _Load:
+    job = r.sim.job
+    chosen = decisions.paths.get(job.id, ())
+    loads: dict[int, float] = {}
+    alpha = 0.0
+    idx = network_flows(job)
+    for k, fi in enumerate(idx):
+        f = job.flows[fi]
+        path = chosen[k] if k < len(chosen) and chosen[k] is not None else None
+        if path is None:
+            path = hash_path(finder, f, source_port(job.id, fi, config.seed), config.seed)
+        for link in path.tolist():
+            loads[link] = loads.get(link, 0.0) + f.bytes
+        alpha = max(alpha, _latency(topo, path))
+    mean = float(np.mean([job.flows[i].bytes for i in idx])) if idx else 0.0
+    return _Load(loads, alpha, mean, tuple(sorted(loads.items())))
+
+
+def _components(topo: Topology, running: dict[str, _Running], order: list[str],
+                decisions: Decisions, config: SimConfig
+                ) -> list[tuple[list[str], np.ndarray, Component]]:
+    """The epoch's contention components, each with its own engine."""
+    loads = {j: _loaded(running[j]) for j in order}
+    parts = []
+    for group in components([set(loads[j].bytes_on) for j in order]):
+        ids = sorted(order[i] for i in group)
+        runs = [running[j] for j in ids]
+        levels = [decisions.level.get(j, 0) for j in ids]
+        rank = {v: i for i, v in enumerate(sorted(set(levels)))}  # only the order matters
+        dense = [rank[v] for v in levels]
+        used = np.array(sorted({link for j in ids for link in loads[j].bytes_on}),
+                        dtype=np.int64)
+        col = {int(link): c for c, link in enumerate(used)}
+        m = np.zeros((len(runs), len(used)))
+        for i, j in enumerate(ids):
+            for link, b in loads[j].bytes_on.items():
+                m[i, col[link]] = b
+        engine = Engine(
+            compute_s=np.array([r.sim.job.compute_s for r in runs]),
+            overlap=np.array([r.sim.job.overlap for r in runs]),
+            gpus=np.array([float(r.sim.job.gpus) for r in runs]),
+            m_bytes=m, mean_flow=np.array([loads[j].mean_flow for j in ids]),
+            capacity=topo.capacity[used] * 1e9 / 8.0, level=np.array(dense),
+            alpha=np.array([loads[j].alpha for j in ids]),
+            budget=np.array([math.ceil(r.budget_left - 1e-9) if math.isfinite(r.budget_left)
+                             else math.inf for r in runs], dtype=np.float64))
+        window = max(config.window_s, config.window_periods * max(r.period for r in runs))
+        signature = tuple((j, d, loads[j].key) for j, d in zip(ids, dense, strict=True))
+        parts.append((ids, used, Component(engine, [r.state for r in runs],
+                                           np.array([r.budget_left for r in runs]),
+                                           signature, window)))
+    return parts
+
+
+def _loaded(r: _Running) -> _Load:
+    if r.load is None:  # pragma: no cover - loads are set at every decision
+        raise AssertionError(f"job {r.sim.job.id} has no traffic computed")
+    return r.load
 
 
 def _throughput(running: dict[str, _Running], window: int = 3) -> dict[str, float]:
