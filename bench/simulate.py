@@ -1,0 +1,229 @@
+"""Trace-driven simulation benchmark (seed §6.3, Fig. 23).
+
+(a) GPU utilisation per policy and fabric on a trace from `cruxd.sim.trace`
+    (Poisson arrivals, the trace's size mix, lognormal durations, packed placement),
+    next to the seed's Fig. 23 bars, and crux-full's gain over the best baseline.
+(b) Simulator speed: wall time per run, simulated seconds per wall second.
+
+    .venv/bin/python bench/simulate.py [--days D] [--jobs N] [--quick] [--seed S]
+        [--policies a,b] [--topologies clos,double-sided,lingjun] [--budget-s S]
+        [--bytes-scale X] [--window-s S] [--window-periods N]
+
+Policies not registered in `cruxd.sim.policies.POLICIES` are skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cruxd.model.topology import Topology
+from cruxd.sim.policies import POLICIES, make_policy
+from cruxd.sim.run import SimConfig, SimJob, simulate
+from cruxd.sim.trace import DAY_S, trace_jobs, trace_stats
+from cruxd.topo.builders import double_sided, trace_clos
+from cruxd.topo.lingjun import lingjun
+
+TOPOLOGIES: dict[str, Callable[[], Topology]] = {
+    "clos": trace_clos, "double-sided": double_sided, "lingjun": lingjun}
+BASELINES = ("sincronia", "taccl*", "cassini")
+CRUX = ("crux-pa", "crux-ps-pa", "crux-full")
+EXTRA = ("ecmp", "crux-fair")
+# the seed's Fig. 23 bars, and the gain its text states for crux over the baselines
+FIG23: dict[str, dict[str, float]] = {
+    "clos": {"sincronia": 0.39, "taccl*": 0.49, "cassini": 0.48, "crux-pa": 0.51,
+             "crux-ps-pa": 0.62, "crux-full": 0.62},
+    "double-sided": {"sincronia": 0.43, "taccl*": 0.46, "cassini": 0.45, "crux-pa": 0.48,
+                     "crux-ps-pa": 0.51, "crux-full": 0.50},
+}
+SEED_GAIN = {"clos": "+13 % to +23 %", "double-sided": "+4 % to +7 %"}
+FAIR_REPLAN_S = 3600.0  # crux-fair re-decides hourly (its throughput floor needs it)
+
+
+class _OverBudget(Exception):
+    pass
+
+
+@dataclass
+class Run:
+    policy: str
+    topo: str
+    wall_s: float
+    sim_s: float
+    epochs: int
+    summary: dict[str, object] | None  # None: stopped at the wall budget
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers], *[[str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                      enumerate(zip(r, widths, strict=True))) for r in cells]
+    return "\n".join([line[0], "  ".join("-" * w for w in widths), *line[1:]])
+
+
+def registered(name: str) -> str | None:
+    """The registry's name for a policy ("taccl*" may be registered as "taccl")."""
+    for cand in (name, name.rstrip("*")):
+        if cand in POLICIES:
+            return cand
+    return None
+
+
+def fmt(x: object, spec: str = ".3f") -> str:
+    if isinstance(x, (int, float)) and math.isfinite(float(x)):
+        return format(float(x), spec)
+    return "-"
+
+
+def run_one(jobs: list[SimJob], topo: Topology, name: str, tname: str, args: argparse.Namespace
+            ) -> Run:
+    config = SimConfig(horizon_s=args.days * DAY_S, seed=args.seed, window_s=args.window_s,
+                       window_periods=args.window_periods,
+                       replan_every_s=FAIR_REPLAN_S if name == "crux-fair" else None)
+    epochs = 0
+    reached = 0.0
+    start = shown = time.perf_counter()
+
+    def progress(now: float) -> None:
+        nonlocal epochs, reached, shown
+        epochs += 1
+        reached = now
+        wall = time.perf_counter()
+        if wall - shown > 60:  # a heartbeat for long runs
+            shown = wall
+            print(f"    ... {name}: {wall - start:.0f} s wall, simulated {now / 3600:.1f} h, "
+                  f"{epochs} epochs", flush=True)
+        if args.budget_s and wall - start > args.budget_s:
+            raise _OverBudget
+
+    try:
+        res = simulate(jobs, topo, make_policy(name), config, progress)
+        summary: dict[str, object] | None = res.summary()
+        sim_s = res.horizon_s
+    except _OverBudget:
+        summary, sim_s = None, reached
+    wall = time.perf_counter() - start
+    origin = min((s.arrival_s for s in jobs), default=0.0)
+    return Run(name, tname, wall, max(0.0, sim_s - origin), epochs, summary)
+
+
+def gain_line(tname: str, runs: dict[str, Run]) -> str:
+    util = {p: r.summary["gpu_utilization"] for p, r in runs.items() if r.summary}
+    base = {p: u for p, u in util.items() if p in BASELINES and isinstance(u, float)}
+    full = util.get("crux-full")
+    seed = FIG23.get(tname, {})
+    seed_best = max((seed[b] for b in BASELINES if b in seed), default=None)
+    seed_txt = (f"seed text {SEED_GAIN[tname]}, seed bars {seed['crux-full'] / seed_best - 1:+.0%}"
+                if seed_best else "no seed numbers")
+    if not isinstance(full, float):
+        return f"    crux-full gain over best baseline: n/a (crux-full not run); {seed_txt}"
+    parts = []
+    if base:
+        best = max(base, key=lambda p: base[p])
+        parts.append(f"over best baseline ({best} {base[best]:.3f}): {full / base[best] - 1:+.1%}")
+    else:
+        parts.append("over best baseline: n/a (no baseline registered)")
+    ecmp = util.get("ecmp")
+    if isinstance(ecmp, float):
+        parts.append(f"over ecmp: {full / ecmp - 1:+.1%}")
+    return f"    crux-full gain {'; '.join(parts)}  [{seed_txt}]"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--days", type=float, default=14.0)
+    ap.add_argument("--jobs", type=int, default=5000)
+    ap.add_argument("--quick", action="store_true",
+                    help="6 hours, 90 jobs (the full trace's arrival rate)")
+    ap.add_argument("--policies", default=",".join(BASELINES + CRUX + EXTRA))
+    ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bytes-scale", type=float, default=1.0,
+                    help="multiply the jobs' gradient bytes (communication-heavier jobs)")
+    ap.add_argument("--window-s", type=float, default=SimConfig.window_s)
+    ap.add_argument("--window-periods", type=float, default=SimConfig.window_periods)
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="stop a run after this much wall time (0: never)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.days, args.jobs = 0.25, 90
+    print("$ " + shlex.join(sys.orig_argv))
+    print(f"# python {platform.python_version()}, numpy {np.__version__}, "
+          f"{platform.machine()} x{os.cpu_count()}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print(f"# trace: {args.jobs} jobs over {args.days:g} days, seed {args.seed}, "
+          f"bytes x{args.bytes_scale:g}; "
+          f"SimConfig(levels=8, window_s={args.window_s:g}, "
+          f"window_periods={args.window_periods:g})")
+    policies: list[str] = []
+    for p in [x.strip() for x in args.policies.split(",") if x.strip()]:
+        name = registered(p)
+        if name is None:
+            print(f"# note: policy {p!r} is not registered yet, skipped")
+        else:
+            policies.append(name)
+    tnames = [t.strip() for t in args.topologies.split(",") if t.strip()]
+    for t in tnames:
+        if t not in TOPOLOGIES:
+            ap.error(f"unknown topology {t!r} (known: {', '.join(TOPOLOGIES)})")
+    start = time.perf_counter()
+    runs: list[Run] = []
+    print()
+    for tname in tnames:
+        topo = TOPOLOGIES[tname]()
+        t0 = time.perf_counter()
+        jobs = trace_jobs(topo, jobs=args.jobs, days=args.days, seed=args.seed,
+                          bytes_scale=args.bytes_scale)
+        st = trace_stats(jobs, topo)
+        print(f"[{tname}] {topo.name}: {len(topo.hosts)} hosts, {st['gpus']} GPUs; trace "
+              f"{time.perf_counter() - t0:.2f} s: {st['jobs']} jobs, "
+              f">= 128 GPUs {fmt(st.get('share_ge_128'), '.1%')}, largest {st.get('largest')}, "
+              f"multi-host {fmt(st.get('multi_host'), '.1%')}, peak {st.get('peak_jobs')} jobs "
+              f"/ {st.get('peak_gpus')} GPUs, mean {fmt(st.get('mean_gpus'), '.0f')} GPUs in "
+              f"use, median duration {fmt(st.get('median_duration_s', 0) / 60, '.0f')} min")
+        per: dict[str, Run] = {}
+        for p in policies:
+            r = run_one(jobs, topo, p, tname, args)
+            per[p] = r
+            runs.append(r)
+            u = r.summary["gpu_utilization"] if r.summary else "stopped at budget"
+            print(f"    ... {p}: {r.wall_s:.1f} s wall, {r.epochs} epochs, util {u}", flush=True)
+        seed = FIG23.get(tname, {})
+        rows = []
+        for p, r in per.items():
+            s = r.summary or {}
+            key = "taccl*" if p.startswith("taccl") else p
+            rows.append([p, fmt(s.get("gpu_utilization")), fmt(seed.get(key), ".2f"),
+                         fmt(s.get("mean_slowdown")), fmt(s.get("worst_throughput_ratio")),
+                         fmt(s.get("network_utilization"), ".4f")])
+        print(f"(a) {tname}: GPU utilisation (busy / allocated GPU-s) vs seed Fig. 23")
+        print(table(["policy", "GPU util", "seed", "mean slowdown", "worst thr ratio",
+                     "net util"], rows))
+        print(gain_line(tname, per))
+        print()
+    print("(b) simulator speed")
+    rows = []
+    for r in runs:
+        rate = r.sim_s / r.wall_s if r.wall_s > 0 else math.inf
+        rows.append([r.policy, r.topo, f"{r.wall_s:.1f}", f"{r.sim_s / 3600:.1f}",
+                     f"{rate:,.0f}", str(r.epochs), fmt(1e3 * r.wall_s / max(r.epochs, 1), ".1f"),
+                     "" if r.summary else "stopped at --budget-s"])
+    print(table(["policy", "fabric", "wall s", "sim h", "sim-s / wall-s", "epochs",
+                 "ms / epoch", ""], rows))
+    print("    target: 14 days, 5,000 jobs on a 2,000-GPU fabric in <= 600 s per run "
+          f"(needs >= {14 * DAY_S / 600:,.0f} sim-s / wall-s).")
+    print("    sim h counts from the first arrival to the run's end (horizon or budget).")
+    print(f"\n# total wall time {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""Job arrivals shaped like the seed's two-week trace (§2.2): pure, seeded, no I/O.
+
+Per job, in arrival order (every draw from one `np.random.default_rng(seed)`;
+placement draws nothing, so a seed fixes the jobs):
+  * arrival: `jobs` arrivals of a Poisson process over `days` (given their count,
+    a Poisson process's arrival times are sorted uniform draws);
+  * GPUs, model, compute time, overlap, gradient bytes: as `cruxd.workload` (sizes
+    8..512, > 10 % of jobs >= 128 GPUs, those GPT/T5; its model profiles), the
+    bytes times `bytes_scale` (1; larger: communication-heavier jobs);
+  * standalone duration: lognormal, median `median_s` (25 min), shape `sigma`
+    (1.5), clipped to [`min_s`, `max_s`] (5 min, 7 days), independent of size. At
+    the seed's rate (5,000 jobs in 14 days) that is ~19 jobs and ~1,000 GPUs in use
+    on average and peaks of 35+ jobs (seed: 30+ jobs on 1,000+ GPUs). `load`
+    instead sets the median so that the expected GPU demand is `load` x the
+    fabric's GPUs (ignoring the clipping);
+  * work: `iterations` = duration / `standalone_period` (max(compute, (1 - o)
+    compute + t), t = largest flow's bytes over its NIC link rate).
+
+Placement imitates the trace's packing scheduler ("GPUs in the same host or under
+the same switch") on the standalone schedule: a job holds its GPUs from its start
+to start + its standalone duration. Jobs start in arrival order (FIFO, no
+backfilling): the head of the queue waits until enough GPUs are free and those
+behind it wait too; a job's `SimJob.arrival_s` is its start. Hosts are grouped by
+the set of ToRs they link to. As in `cruxd.workload`, a job that fits one host is
+split over two with probability `split_prob` (1/2) so that it still uses the
+network. One host: the fullest host with room (best fit). Split: best fit per
+half, the second half under the first's ToR when possible. Larger jobs (or small
+ones no host has room for): whole free hosts of the one ToR group that fits the
+job most tightly, else of the groups with the most whole free hosts first; then
+partly free hosts, emptiest first; the ring visits hosts in topology order.
+The simulator does not enforce this: under contention a job runs longer than its
+standalone duration and may overlap jobs that later got its GPUs. Multi-host jobs
+all-reduce their gradients (`ring_allreduce`, one channel per NIC rail);
+single-host jobs have no network flows. Ids: "job<index>-<kind>".
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from cruxd import workload as wl
+from cruxd.model.jobs import Job, ring_allreduce
+from cruxd.model.topology import Topology
+from cruxd.sim.run import SimJob
+
+DAY_S = 86400.0
+MEDIAN_S = 1500.0
+SIGMA = 1.5
+MIN_S = 300.0
+MAX_S = 7 * DAY_S
+
+IntArray = npt.NDArray[np.int64]
+Placement = list[tuple[int, int]]  # (host index, GPUs)
+
+
+def trace_jobs(topo: Topology, *, jobs: int, days: float, seed: int = 0, max_gpus: int = 512,
+               median_s: float = MEDIAN_S, sigma: float = SIGMA, min_s: float = MIN_S,
+               max_s: float = MAX_S, load: float | None = None,
+               split_prob: float = wl.SPLIT_PROB, bytes_scale: float = 1.0) -> list[SimJob]:
+    """`jobs` trace jobs over `days`, placed on `topo`; see the module docstring."""
+    if jobs < 0 or not days > 0 or not sigma >= 0 or not 0 < min_s <= max_s or bytes_scale < 0:
+        raise ValueError("need jobs, sigma, bytes_scale >= 0, days > 0, 0 < min_s <= max_s")
+    hosts = [h for h in topo.hosts if topo.nodes[h].gpus > 0]
+    cap: IntArray = np.array([topo.nodes[h].gpus for h in hosts], dtype=np.int64)
+    sizes, probs = wl.size_distribution(int(cap.sum()), max_gpus)
+    if load is not None:
+        mean_gpus = float(np.dot(sizes, probs))
+        median_s = load * float(cap.sum()) * days * DAY_S / max(jobs, 1) / mean_gpus / math.exp(
+            sigma * sigma / 2)
+    rng = np.random.default_rng(seed)
+    arrivals = np.sort(rng.uniform(0.0, days * DAY_S, size=jobs))
+    ports = {h: topo.nic_ports(h) for h in hosts}
+    width = max(4, len(str(jobs - 1)))
+    drawn: list[_Draw] = []
+    for i in range(jobs):
+        gpus = int(rng.choice(sizes, p=probs))
+        mix = wl.LARGE_MIX if gpus >= wl.LARGE_JOB_GPUS else wl.SMALL_MIX
+        kind = list(mix)[int(rng.choice(len(mix), p=list(mix.values())))]
+        model = wl.MODELS[kind]
+        compute = float(rng.uniform(*model.compute_s))
+        jitter = float(rng.uniform(-wl.OVERLAP_JITTER, wl.OVERLAP_JITTER))
+        overlap = float(np.clip(model.overlap + jitter, 0.0, wl.MAX_OVERLAP))
+        nbytes = bytes_scale * model.grad_bytes * float(rng.uniform(*wl.BYTES_JITTER))
+        duration = float(np.clip(median_s * math.exp(sigma * float(rng.standard_normal())),
+                                 min_s, max_s))
+        split = bool(rng.random() < split_prob)
+        drawn.append(_Draw(f"job{i:0{width}d}-{kind}", gpus, compute, overlap, nbytes,
+                           duration, split))
+    group = _groups(topo, hosts)
+    free = cap.copy()
+    out: list[SimJob] = []
+    running: list[tuple[float, int, Placement]] = []  # (end, index, placement) heap
+    queue: deque[int] = deque()
+    now, nxt = 0.0, 0
+    while nxt < jobs or queue:
+        if queue:
+            d = drawn[queue[0]]
+            placed = _place(free, cap, group, d.gpus, d.split)
+            if placed is not None or (not running and nxt >= jobs):
+                queue.popleft()
+                if placed is None:
+                    continue  # larger than the fabric: cannot happen with size_distribution
+                for h, g in placed:
+                    free[h] -= g
+                members = tuple((hosts[h], g) for h, g in placed)
+                flows = ring_allreduce(members, d.nbytes, {h: ports[h] for h, _ in members})
+                job = Job(id=d.id, hosts=members, compute_s=d.compute_s,
+                          flops=d.gpus * d.compute_s * wl.FLOPS_PER_GPU, overlap=d.overlap,
+                          flows=flows, pattern="ring_allreduce")
+                period = standalone_period(job, topo)
+                out.append(SimJob(job, arrival_s=now, iterations=max(1.0, d.duration / period)))
+                heapq.heappush(running, (now + d.duration, len(out), placed))
+                continue
+        t_dep = running[0][0] if running else math.inf
+        t_arr = float(arrivals[nxt]) if nxt < jobs else math.inf
+        if t_dep <= t_arr:
+            now = t_dep
+            for h, g in heapq.heappop(running)[2]:
+                free[h] += g
+        else:
+            now = t_arr
+            queue.append(nxt)
+            nxt += 1
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Draw:
+    id: str
+    gpus: int
+    compute_s: float
+    overlap: float
+    nbytes: float
+    duration: float
+    split: bool
+
+
+def standalone_period(job: Job, topo: Topology) -> float:
+    """Approximate iteration time alone: max(compute, (1 - o) compute + t), t = the
+    slowest network flow's bytes over its source NIC link (or its host's first)."""
+    t = 0.0
+    for f in job.flows:
+        if f.src == f.dst:
+            continue
+        up = topo.uplinks(f.src)
+        link = up[f.src_port] if f.src_port is not None and f.src_port < len(up) else up[0]
+        t = max(t, f.bytes / (float(topo.capacity[link]) * 1e9 / 8.0))
+    if t == 0.0:
+        return job.compute_s
+    return max(job.compute_s, (1.0 - job.overlap) * job.compute_s + t)
+
+
+def trace_stats(jobs: list[SimJob], topo: Topology) -> dict[str, Any]:
+    """Size mix and load of a trace on its standalone schedule (a job that ends
+    within 1 us of another's start frees its GPUs first); mean GPUs in use are
+    averaged from the first to the last start."""
+    total = topo.total_gpus()
+    if not jobs:
+        return {"jobs": 0, "gpus": total}
+    gpus = np.array([s.job.gpus for s in jobs])
+    starts = [s.arrival_s for s in jobs]
+    ends = [s.arrival_s + (s.iterations or 0.0) * standalone_period(s.job, topo) for s in jobs]
+    events = sorted([(e - 1e-6, -1, -int(g)) for e, g in zip(ends, gpus, strict=True)]
+                    + [(s.arrival_s, 1, s.job.gpus) for s in jobs])
+    n = used = peak_n = peak_g = 0
+    area, last, stop = 0.0, min(starts), max(starts)
+    for t, dn, dg in events:
+        area += used * max(0.0, min(t, stop) - last)
+        last = max(last, min(t, stop))
+        n, used = n + dn, used + dg
+        peak_n, peak_g = max(peak_n, n), max(peak_g, used)
+    span = stop - min(starts)
+    return {
+        "jobs": len(jobs),
+        "gpus": total,
+        "share_ge_128": float(np.mean(gpus >= wl.LARGE_JOB_GPUS)),
+        "largest": int(gpus.max()),
+        "multi_host": float(np.mean([len(s.job.hosts) > 1 for s in jobs])),
+        "peak_jobs": peak_n,
+        "peak_gpus": peak_g,
+        "mean_gpus": area / span if span > 0 else 0.0,
+        "median_duration_s": float(np.median(np.array(ends) - starts)),
+    }
+
+
+def _groups(topo: Topology, hosts: list[str]) -> IntArray:
+    """Group number per host: hosts linked to the same set of ToRs share one."""
+    keys: dict[frozenset[str], int] = {}
+    out = [keys.setdefault(frozenset(topo.links[i].dst for i in topo.uplinks(h)), len(keys))
+           for h in hosts]
+    return np.array(out, dtype=np.int64)
+
+
+def _best_fit(free: IntArray, need: int, allowed: npt.NDArray[np.bool_]) -> int | None:
+    ok = np.flatnonzero(allowed & (free >= need))
+    return int(ok[np.argmin(free[ok])]) if len(ok) else None  # argmin: first of the ties
+
+
+def _place(free: IntArray, cap: IntArray, group: IntArray, need: int, split: bool
+           ) -> Placement | None:
+    """Where a job of `need` GPUs goes given the `free` GPUs per host, or None."""
+    if need > int(free.sum()):
+        return None
+    anywhere = np.ones(len(free), dtype=bool)
+    if need <= int(cap.max()):
+        if split and need >= 2 and len(free) >= 2:
+            high, low = need - need // 2, need // 2
+            pairs = np.bincount(group[free >= low], minlength=int(group.max()) + 1) >= 2
+            h1 = _best_fit(free, high, pairs[group])  # a ToR with room for both halves
+            h1 = h1 if h1 is not None else _best_fit(free, high, anywhere)
+            if h1 is not None:
+                others = anywhere.copy()
+                others[h1] = False
+                h2 = _best_fit(free, low, others & (group == group[h1]))
+                h2 = h2 if h2 is not None else _best_fit(free, low, others)
+                if h2 is not None:
+                    return sorted([(h1, high), (h2, low)])
+        h = _best_fit(free, need, anywhere)
+        if h is not None:
+            return [(h, need)]
+    whole = (free == cap) & (cap > 0)
+    per_group = np.bincount(group[whole], weights=cap[whole], minlength=int(group.max()) + 1)
+    fits = np.flatnonzero(per_group >= need)
+    if len(fits):
+        g = int(fits[np.argmin(per_group[fits])])
+        order = np.flatnonzero(whole & (group == g)).tolist()
+    else:
+        rank = np.argsort(-per_group, kind="stable")  # groups with most free whole hosts
+        pos = np.empty_like(rank)
+        pos[rank] = np.arange(len(rank))
+        wh = np.flatnonzero(whole)
+        part = np.flatnonzero(~whole & (free > 0))
+        order = (wh[np.argsort(pos[group[wh]], kind="stable")].tolist()
+                 + part[np.argsort(-free[part], kind="stable")].tolist())
+    taken: Placement = []
+    left = need
+    for h in order:
+        g = min(int(free[h]), left)
+        taken.append((h, g))
+        left -= g
+        if left == 0:
+            return sorted(taken)
+    return None

@@ -1,0 +1,120 @@
+"""cruxd.sim.trace: seeded trace jobs with the seed's size mix, packed without
+oversubscribing GPUs on the standalone schedule."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from cruxd.model.topology import Topology
+from cruxd.sim import trace
+from cruxd.sim.run import SimJob
+from cruxd.sim.trace import DAY_S, standalone_period, trace_jobs, trace_stats
+from cruxd.topo import clos2, double_sided, trace_clos
+
+
+def _key(jobs: list[SimJob]) -> list[tuple[object, ...]]:
+    return [(s.job.id, s.job.hosts, s.job.flows, s.job.compute_s, s.job.overlap, s.arrival_s,
+             s.iterations) for s in jobs]
+
+
+@pytest.fixture(scope="module")
+def busy() -> tuple[Topology, list[SimJob]]:
+    """A loaded fabric: jobs queue and fragment hosts."""
+    topo = double_sided()
+    return topo, trace_jobs(topo, jobs=3000, days=7, seed=1)
+
+
+def test_same_seed_same_trace() -> None:
+    topo = clos2(4, 2, 4)
+    a = trace_jobs(topo, jobs=200, days=1, seed=3)
+    assert _key(a) == _key(trace_jobs(topo, jobs=200, days=1, seed=3))
+    assert _key(a) != _key(trace_jobs(topo, jobs=200, days=1, seed=4))
+
+
+def test_size_mix_follows_the_trace() -> None:
+    topo = trace_clos()
+    jobs = trace_jobs(topo, jobs=4000, days=14, seed=0)
+    st = trace_stats(jobs, topo)
+    assert st["jobs"] == len(jobs) == 4000
+    assert st["share_ge_128"] > 0.10
+    assert st["largest"] == 512
+    assert st["peak_jobs"] > 30  # the seed: peak concurrency above 30 jobs
+    assert st["peak_gpus"] <= topo.total_gpus()
+    assert len({s.job.id for s in jobs}) == len(jobs)
+
+
+def test_small_fabric_caps_sizes_and_arrivals_cover_the_period() -> None:
+    topo = clos2(2, 2, 2)  # 32 GPUs
+    jobs = trace_jobs(topo, jobs=300, days=2, seed=0)
+    assert max(s.job.gpus for s in jobs) <= 32
+    arrivals = np.array([s.arrival_s for s in jobs])
+    assert np.all(np.diff(arrivals) >= 0)  # FIFO: jobs start in arrival order
+    assert arrivals[0] < 0.1 * 2 * DAY_S and arrivals[-1] > 0.9 * 2 * DAY_S
+
+
+def test_no_gpu_is_oversubscribed(busy: tuple[Topology, list[SimJob]]) -> None:
+    topo, jobs = busy
+    events: list[tuple[float, int, str, int]] = []
+    for s in jobs:
+        end = s.arrival_s + (s.iterations or 0.0) * standalone_period(s.job, topo)
+        for host, g in s.job.hosts:
+            events.append((s.arrival_s, 1, host, g))
+            events.append((end - 1e-6 * max(1.0, end), 0, host, -g))  # ends first on ties
+    used: dict[str, int] = defaultdict(int)
+    for _, _, host, g in sorted(events):
+        used[host] += g
+        assert 0 <= used[host] <= topo.nodes[host].gpus, host
+    assert all(v == 0 for v in used.values())
+
+
+def test_fabric_fills_up_and_jobs_still_fit(busy: tuple[Topology, list[SimJob]]) -> None:
+    topo, jobs = busy
+    st = trace_stats(jobs, topo)
+    assert st["peak_gpus"] > 0.8 * topo.total_gpus()
+    for s in jobs:
+        assert s.job.gpus == sum(g for _, g in s.job.hosts)
+        assert len({h for h, _ in s.job.hosts}) == len(s.job.hosts)
+        assert all(0 < g <= topo.nodes[h].gpus for h, g in s.job.hosts)
+        assert s.iterations is not None and s.iterations >= 1.0
+
+
+def test_jobs_spanning_hosts_have_flows(busy: tuple[Topology, list[SimJob]]) -> None:
+    topo, jobs = busy
+    multi = [s.job for s in jobs if len(s.job.hosts) > 1]
+    assert 0.5 * len(jobs) < len(multi) < len(jobs)
+    for job in (s.job for s in jobs):
+        hosts = {h for h, _ in job.hosts}
+        if len(hosts) == 1:
+            assert job.flows == ()
+            continue
+        assert job.pattern == "ring_allreduce" and job.network_bytes > 0
+        # one channel per NIC rail on every hop of the ring
+        assert len(job.flows) == len(hosts) * min(topo.nic_ports(h) for h in hosts)
+        assert {f.src for f in job.flows} == hosts == {f.dst for f in job.flows}
+
+
+def test_packing_same_host_and_same_tor_first() -> None:
+    topo = clos2(4, 2, 4)  # 16 hosts of 8 GPUs, 4 under each ToR
+    hosts = topo.hosts
+    cap = np.array([topo.nodes[h].gpus for h in hosts], dtype=np.int64)
+    group = trace._groups(topo, hosts)
+    free = cap.copy()
+    free[[0, 1, 2, 5]] = [3, 0, 0, 0]  # ToR 0 has one whole host left, ToR 1 three
+    placed = trace._place(free, cap, group, 24, split=False)
+    assert placed is not None and {group[h] for h, _ in placed} == {1}
+    assert [g for _, g in placed] == [8, 8, 8]
+    assert trace._place(free, cap, group, 3, split=False) == [(0, 3)]  # best fit
+    pair = trace._place(free, cap, group, 8, split=True)  # 4 + 4: the fullest hosts of one ToR
+    assert pair is not None and len(pair) == 2 and group[pair[0][0]] == group[pair[1][0]]
+    assert trace._place(free, cap, group, int(free.sum()) + 1, split=False) is None
+
+
+def test_load_sets_the_mean_demand() -> None:
+    topo = trace_clos()
+    lo = trace_stats(trace_jobs(topo, jobs=2000, days=7, seed=0, load=0.2), topo)
+    hi = trace_stats(trace_jobs(topo, jobs=2000, days=7, seed=0, load=0.4), topo)
+    assert 0.1 * topo.total_gpus() < lo["mean_gpus"] < 0.3 * topo.total_gpus()
+    assert hi["mean_gpus"] > 1.5 * lo["mean_gpus"]
