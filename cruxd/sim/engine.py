@@ -140,6 +140,10 @@ class Engine:
             nxt[ends] = np.maximum(start[ends] + self.compute_s[ends], comm_done[ends])
             t = max(now, min(float(nxt.min()), t1))
             dt = t - now
+            if dt <= 0:
+                # a transfer whose last bytes would take less than the float spacing
+                # at `now`: it is done, or the loop would not advance
+                remaining[moving & (nxt <= now)] = 0.0
             if dt > 0 and moving.any():
                 sent = np.minimum(speed[moving] * dt, remaining[moving])
                 remaining[moving] -= sent
