@@ -172,3 +172,19 @@ def test_crux_fair_keeps_the_starved_job_above_its_floor() -> None:
     assert fair.worst_throughput_ratio >= 0.5
     ratio = {j.job: j.throughput_ratio for j in fair.jobs}
     assert ratio["big"] > ratio["small"]  # the intensive job still leads
+
+
+def test_a_sliver_of_bytes_below_float_resolution_does_not_stall() -> None:
+    # at t ~ 6.6e4 s the float spacing is ~7e-12 s; 1.5e-9 of a collective at 286
+    # collectives/s takes 5e-12 s, which once left the event loop spinning forever
+    from cruxd.sim.engine import Engine, JobState
+
+    t0 = 66000.123456
+    eng = Engine(compute_s=np.array([0.5]), overlap=np.array([0.0]), gpus=np.array([8.0]),
+                 m_bytes=np.array([[1e9]]), mean_flow=np.array([1e9]),
+                 capacity=np.array([286e9]), level=np.array([0]), alpha=np.array([0.0]),
+                 budget=np.array([np.inf]))
+    state = JobState(start=t0 - 0.6, comm_at=t0 - 0.1, remaining=1.478e-9, begin=0.0)
+    res = eng.run([state], t0, t0 + 2.0)
+    assert res.end == t0 + 2.0
+    assert res.iterations[0] >= 2
