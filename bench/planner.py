@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from tables import table  # bench/ is on sys.path when run as a script
 
 from cruxd.model.jobs import Job, ring_allreduce
 from cruxd.model.plan import Plan
@@ -36,14 +37,6 @@ from cruxd.workload import synth_jobs
 Edges = dict[tuple[str, str], float]
 Levels = dict[str, int]
 EXACT = 1.0 - 1e-9  # a ratio at least this counts as optimal
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[str(h) for h in headers], *[[str(c) for c in r] for r in rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
-                      enumerate(zip(r, widths, strict=True))) for r in cells]
-    return "\n".join([line[0], "  ".join("-" * w for w in widths), *line[1:]])
 
 
 def dag_edges(p: Plan) -> Edges:

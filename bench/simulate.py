@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from tables import table  # bench/ is on sys.path when run as a script
 
 from cruxd.model.topology import Topology
 from cruxd.sim.policies import POLICIES, make_policy
@@ -61,14 +62,6 @@ class Run:
     sim_s: float
     epochs: int
     summary: dict[str, object] | None  # None: stopped at the wall budget
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[str(h) for h in headers], *[[str(c) for c in r] for r in rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
-                      enumerate(zip(r, widths, strict=True))) for r in cells]
-    return "\n".join([line[0], "  ".join("-" * w for w in widths), *line[1:]])
 
 
 def registered(name: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def examples() -> Path:
     return EXAMPLES
+
+
+def one_error_line(run: subprocess.CompletedProcess[str]) -> str:
+    """The bad-input contract: exit 2, one `cruxctl: error:` line, no traceback, no stdout."""
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("cruxctl: error: ")
+    assert run.stdout == ""
+    return lines[0]

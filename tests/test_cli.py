@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cruxd.scenario import bundled_names
-from tests.conftest import EXAMPLES, REPO
+from tests.conftest import EXAMPLES, REPO, one_error_line
 
 MODULE = [sys.executable, "-m", "cruxd.cli.cruxctl"]
 _script = shutil.which("cruxctl", path=str(Path(sys.executable).parent))
@@ -33,17 +33,6 @@ def plan_json(*args: str, cwd: Path) -> dict[str, Any]:
     assert run.returncode == 0, run.stderr
     out: dict[str, Any] = json.loads(run.stdout)
     return out
-
-
-def one_error_line(run: subprocess.CompletedProcess[str]) -> str:
-    """The bad-input contract: exit 2, one `cruxctl: error:` line, no traceback, no stdout."""
-    assert run.returncode == 2, run.stderr
-    assert "Traceback" not in run.stderr
-    lines = run.stderr.splitlines()
-    assert len(lines) == 1, run.stderr
-    assert lines[0].startswith("cruxctl: error: ")
-    assert run.stdout == ""
-    return lines[0]
 
 
 def _is_scenario(path: Path) -> bool:

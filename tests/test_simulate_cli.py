@@ -16,7 +16,7 @@ import pytest
 from cruxd.errors import ScenarioError, UsageError
 from cruxd.scenario import parse_scenario
 from cruxd.scenario.simulation import simulation_of
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, one_error_line
 
 MODULE = [sys.executable, "-m", "cruxd.cli.cruxctl", "simulate"]
 FIG11 = EXAMPLES / "fig11-simulate.json"
@@ -38,16 +38,6 @@ def as_json(*args: str, cwd: Path) -> dict[str, Any]:
 
 def by_policy(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["policy"]: r for r in out["results"]}
-
-
-def one_error_line(run: subprocess.CompletedProcess[str]) -> str:
-    assert run.returncode == 2, run.stderr
-    assert "Traceback" not in run.stderr
-    lines = run.stderr.splitlines()
-    assert len(lines) == 1, run.stderr
-    assert lines[0].startswith("cruxctl: error: ")
-    assert run.stdout == ""
-    return lines[0]
 
 
 def fig11() -> Doc:

@@ -1,0 +1,13 @@
+"""Plain aligned text tables for the benchmarks' output."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers], *[[str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                      enumerate(zip(r, widths, strict=True))) for r in cells]
+    return "\n".join([line[0], "  ".join("-" * w for w in widths), *line[1:]])
