@@ -54,6 +54,11 @@ class Topology:
     out_links: dict[str, tuple[int, ...]] = field(repr=False, default_factory=dict)
     in_links: dict[str, tuple[int, ...]] = field(repr=False, default_factory=dict)
     capacity: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    latency_s: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+
+    def path_latency(self, path: np.ndarray) -> float:
+        """Seconds a path's links add (the alpha of the alpha-beta model)."""
+        return float(self.latency_s[path].sum())
 
     @property
     def hosts(self) -> list[str]:
@@ -152,6 +157,7 @@ class TopologyBuilder:
             out_links={n: tuple(v) for n, v in out.items()},
             in_links={n: tuple(v) for n, v in into.items()},
             capacity=np.array([lk.capacity_gbps for lk in self._links], dtype=np.float64),
+            latency_s=np.array([lk.latency_us * 1e-6 for lk in self._links], dtype=np.float64),
         )
 
 

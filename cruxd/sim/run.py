@@ -59,6 +59,7 @@ class _Running:
     budget_left: float = math.inf
     recent: list[tuple[float, float]] = field(default_factory=list)  # (dt, iterations)
     load: _Load | None = None  # its traffic under the current decisions
+    ecmp_load: _Load | None = None  # its traffic when no flow has a decided path (fixed)
 
 
 def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConfig,
@@ -82,7 +83,7 @@ def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConf
     while now < horizon and (pending or running):
         while pending and pending[0].arrival_s <= now + _EPS:
             s = pending.pop(0)
-            running[s.job.id] = _admit(s, now, finder, config)
+            running[s.job.id] = _admit(s, now, finder)
             new.add(s.job.id)
             changed = True
         if changed or now >= next_replan - _EPS:
@@ -98,7 +99,12 @@ def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConf
                     r.state = initial_state(now + off, r.sim.job.compute_s, r.sim.job.overlap,
                                             r.sim.start_phase)
             for r in running.values():
-                r.load = _job_load(topo, finder, r, decisions, config)
+                if decisions.paths.get(r.sim.job.id):
+                    r.load = _job_load(topo, finder, r, decisions, config)
+                else:  # all ECMP: depends on the job and the seed only
+                    if r.ecmp_load is None:
+                        r.ecmp_load = _job_load(topo, finder, r, decisions, config)
+                    r.load = r.ecmp_load
             new.clear()
             changed = False
             if replan_every:
@@ -144,13 +150,13 @@ def simulate(jobs: list[SimJob], topo: Topology, policy: Policy, config: SimConf
                      series=series, link_bytes=link_bytes, topology=topo)
 
 
-def _admit(s: SimJob, now: float, finder: PathFinder, config: SimConfig) -> _Running:
+def _admit(s: SimJob, now: float, finder: PathFinder) -> _Running:
     job = s.job
     cap = finder.topo.capacity
     flows = [(c, 1.0 / cap[c], f.bytes) for f in job.flows if f.src != f.dst
              for c in [finder.candidates(f.src, f.dst, f.src_port, f.dst_port)]]
     t = standalone_comm_time(flows, cap, np.zeros(len(cap))) if flows else 0.0
-    alpha = max((_latency(finder.topo, c[0]) for c, _, _ in flows), default=0.0)
+    alpha = max((finder.topo.path_latency(c[0]) for c, _, _ in flows), default=0.0)
     comm = t + alpha if flows else 0.0
     period = max(job.compute_s, (1.0 - job.overlap) * job.compute_s + comm)
     record = JobRecord(job=job.id, gpus=job.gpus, arrival_s=s.arrival_s, start_s=now,
@@ -158,10 +164,6 @@ def _admit(s: SimJob, now: float, finder: PathFinder, config: SimConfig) -> _Run
     state = initial_state(now, job.compute_s, job.overlap, s.start_phase)
     budget = s.iterations if s.iterations is not None else math.inf
     return _Running(s, state, record, period, budget)
-
-
-def _latency(topo: Topology, path: np.ndarray) -> float:
-    return float(sum(topo.links[int(i)].latency_us for i in path)) * 1e-6
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ def _job_load(topo: Topology, finder: PathFinder, r: _Running, decisions: Decisi
             path = hash_path(finder, f, source_port(job.id, fi, config.seed), config.seed)
         for link in path.tolist():
             loads[link] = loads.get(link, 0.0) + f.bytes
-        alpha = max(alpha, _latency(topo, path))
+        alpha = max(alpha, topo.path_latency(path))
     mean = float(np.mean([job.flows[i].bytes for i in idx])) if idx else 0.0
     return _Load(loads, alpha, mean, tuple(sorted(loads.items())))
 

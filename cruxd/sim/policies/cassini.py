@@ -47,7 +47,7 @@ def profile(ctx: Context, job: Job) -> Profile:
         path = hash_path(ctx.finder, f, source_port(job.id, fi, ctx.seed), ctx.seed)
         for link in path.tolist():
             loads[link] = loads.get(link, 0.0) + f.bytes
-        latency = sum(ctx.topology.links[link].latency_us for link in path.tolist()) * 1e-6
+        latency = ctx.topology.path_latency(path)
         alpha = max(alpha, latency)
     cap = ctx.topology.capacity
     t = max((b * 8.0 / (cap[e] * 1e9) for e, b in loads.items()), default=0.0)
