@@ -1,7 +1,8 @@
 """cruxctl: operate and ask crux what it would do.
 
 Exit status: 0 success; 1 an unexpected internal error; 2 bad input (a scenario
-or topology file, an argument) reported as one line on stderr.
+or topology file, an argument) reported as one line on stderr; 3 the agent or
+leader did not answer (status, jobs, plan --live).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cruxd import __version__
+from cruxd.cli import live
 from cruxd.errors import CruxError, ScenarioError, UsageError
 from cruxd.scenario import bundled, bundled_names, load_scenario
 
@@ -24,7 +26,7 @@ DEFAULT_SCENARIO = "testbed96"
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cruxctl", description="Operate crux and ask what it would do.",
-        epilog="Exit status: 0 ok, 1 internal error, 2 bad input.")
+        epilog="Exit status: 0 ok, 1 internal error, 2 bad input, 3 agent/leader unreachable.")
     p.add_argument("--version", action="version", version=f"cruxctl {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -35,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
                     "The scenario format is in docs/scenario.md.",
         epilog=f"Bundled scenarios: {', '.join(bundled_names())}. "
                "Exit status: 0 ok, 1 internal error, 2 bad input.")
+    pl.add_argument("--live", action="store_true",
+                    help="show the leader's current plan instead of planning a scenario")
+    pl.add_argument("--socket", metavar="PATH", help="with --live: the agent's socket")
+    pl.add_argument("--config", metavar="FILE", type=Path,
+                    help="with --live: socket path and TLS files from this cruxd configuration")
+    pl.add_argument("--leader", metavar="HOST:PORT", help="with --live: ask this leader")
     pl.add_argument("scenario", nargs="?", metavar="SCENARIO",
                     help=f"a scenario file (.json/.yaml) or a bundled name "
                          f"(default: {DEFAULT_SCENARIO})")
@@ -68,6 +76,21 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--json", action="store_true", help="print the results as JSON")
     sm.add_argument("--plot", type=Path, metavar="FILE.png",
                     help="write a figure: utilisation over time and per-job slowdown")
+    st = sub.add_parser(
+        "status", help="the running system: leader, agents, jobs and the last plan",
+        description="Ask the local agent (which asks the leader) or the leader directly for "
+                    "the cluster's state: agents and their report age, jobs with their state, "
+                    "I_j, k_j, level, DSCP, chosen paths and what the shims applied.",
+        epilog="Exit status: 0 ok, 1 internal error, 2 bad input, 3 agent/leader unreachable.")
+    live.add_target_args(st)
+    st.add_argument("--local", action="store_true",
+                    help="only the local agent's view (do not ask the leader)")
+    jb = sub.add_parser(
+        "jobs", help="jobs registered with the local agent",
+        description="List the jobs registered on this host with their measured (or declared) "
+                    "W_j, t_j and iteration period.",
+        epilog="Exit status: 0 ok, 1 internal error, 2 bad input, 3 agent unreachable.")
+    live.add_target_args(jb, leader=False)
     return p
 
 
@@ -96,6 +119,13 @@ def _console() -> Console:
 def cmd_plan(args: argparse.Namespace) -> int:
     from cruxd.cli.render import plan_json, print_plan
     from cruxd.scheduler import plan
+
+    if args.live:
+        if args.scenario or args.levels is not None:
+            raise UsageError("--live shows the running plan; it takes no SCENARIO or --levels")
+        return live.cmd_plan_live(args)
+    if args.socket or args.leader or args.config:
+        raise UsageError("--socket, --config and --leader go with --live")
 
     if args.levels is not None and args.levels < 1:
         raise UsageError("--levels must be >= 1")
@@ -156,7 +186,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"plan": cmd_plan, "simulate": cmd_simulate}[args.command](args)
+        return {"plan": cmd_plan, "simulate": cmd_simulate, "status": live.cmd_status,
+                "jobs": live.cmd_jobs}[args.command](args)
     except CruxError as exc:
         print(f"cruxctl: error: {exc}", file=sys.stderr)
         return exc.exit_status

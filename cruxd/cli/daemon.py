@@ -1,28 +1,83 @@
 """cruxd: the host daemon (agent and/or leader).
 
-The roles are not built yet: the control plane (gRPC agents and leader, decision
-table, systemd) is its own issue. Until then this entry point says so plainly
-instead of pretending to run.
+Exit status: 0 stopped cleanly; 1 runtime failure (cannot listen, cannot open the
+decision table, ...); 2 bad configuration or usage (one line on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import sys
+from pathlib import Path
 
 from cruxd import __version__
+from cruxd.errors import CruxError
+
+EPILOG = """\
+Without --config, cruxd runs the embedded default: agent and leader on this host,
+leader on 127.0.0.1:7470, agent socket and decision table under a runtime directory
+(/run/crux as root, else $XDG_RUNTIME_DIR/crux or /tmp/crux-UID) and state under
+/var/lib/crux (root) or ~/.local/state/crux. Every key: docs/configuration.md.
+
+signals: SIGTERM/SIGINT stop gracefully; SIGHUP re-reads --config (a bad file
+keeps the running configuration).
+exit status: 0 clean stop, 1 runtime failure, 2 bad configuration or usage."""
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="cruxd", description="crux host daemon: agent (probing, measurement, decision "
-        "table) and leader (scheduler). Not runnable yet: see `cruxctl plan` for the scheduler.")
+        prog="cruxd", description="crux host daemon: agent (job registry, decision table, "
+        "reports) and leader (GPU-intensity scheduler, plan stream).", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"cruxd {__version__}")
-    p.add_argument("--config", metavar="FILE", help="configuration file (TOML)")
-    p.parse_args(argv)
-    print("cruxd: the agent and leader roles are not implemented in this version; "
-          "`cruxctl plan SCENARIO` runs the scheduler", file=sys.stderr)
-    return 2
+    p.add_argument("--config", metavar="FILE", type=Path,
+                   help="configuration file (TOML); default: the embedded default")
+    p.add_argument("--check-config", action="store_true",
+                   help="validate the configuration, print it resolved, and exit")
+    args = p.parse_args(argv)
+
+    from cruxd.daemon.config import load_config
+    from cruxd.daemon.logs import setup_logging
+    from cruxd.daemon.notify import Notifier
+
+    try:
+        config = load_config(args.config)
+        if args.check_config:
+            _print_config(config)
+            return 0
+        setup_logging(config.log_level)
+        notifier = Notifier.from_env()
+        from cruxd.daemon.main import serve
+
+        return asyncio.run(serve(config, args.config, notifier))
+    except CruxError as exc:
+        logging.getLogger("cruxd").debug("fatal", exc_info=True)
+        print(f"cruxd: error: {exc}", file=sys.stderr)
+        return exc.exit_status
+    except ValueError as exc:  # malformed systemd environment
+        print(f"cruxd: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+def _print_config(config: object) -> None:
+    import dataclasses
+    import json
+
+    def plain(v: object) -> object:
+        if isinstance(v, frozenset | set):
+            return sorted(map(str, v))
+        if isinstance(v, tuple | list):
+            return [plain(x) for x in v]
+        return v if isinstance(v, int | float | bool | str) or v is None else str(v)
+
+    doc = {f.name: (plain(getattr(config, f.name)) if not dataclasses.is_dataclass(
+        getattr(config, f.name)) else {k: plain(v) for k, v in dataclasses.asdict(
+            getattr(config, f.name)).items()}) for f in dataclasses.fields(config)}  # type: ignore[arg-type]
+    print(json.dumps(doc, indent=2))
 
 
 if __name__ == "__main__":

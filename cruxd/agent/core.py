@@ -1,0 +1,185 @@
+"""The agent: answers the local socket, keeps the registry, reports to the leader
+and writes the leader's decisions for this host into the decision table."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from cruxd import __version__
+from cruxd.agent.inventory import discover_nics, gpu_count
+from cruxd.agent.local_server import INVALID_ARGUMENT, LocalServer, PeerCred, group_id
+from cruxd.agent.local_server import error_reply as _error
+from cruxd.agent.registry import Registry
+from cruxd.agent.sources import (
+    MeasurementSource,
+    NoProbing,
+    ProbingSource,
+    ReplayMeasurement,
+    StaticMeasurement,
+    StaticPaths,
+)
+from cruxd.agent.uplink import LeaderLink
+from cruxd.control.records import AgentReport, HostInventory, HostPlan, LocalJob
+from cruxd.control.validate import InvalidMessage, check_host_plan, check_local_job
+from cruxd.daemon.config_model import Config
+from cruxd.rpc import convert
+from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
+from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+from transport.decision_table import Decision, TableWriter
+
+LOG = logging.getLogger(__name__)
+PERMISSION_DENIED = 7
+NOT_FOUND = 5
+UNAVAILABLE = 14
+
+
+def plan_decisions(hp: HostPlan) -> list[Decision]:
+    """Table entries for one host's plan: a job-wide entry per job, one per peer address."""
+    out: dict[tuple[str, str | None], Decision] = {}
+    for a in hp.jobs:
+        tc = a.traffic_class
+        out[(a.job_id, None)] = Decision(a.job_id, None, a.level, a.dscp, tc, 0, hp.generation)
+        for r in a.routes:
+            for addr in r.peer_addresses:
+                d = Decision(a.job_id, addr, a.level, a.dscp, tc, r.sport, hp.generation)
+                out.setdefault(d.key, d)  # one rail per peer address: the first route wins
+    return list(out.values())
+
+
+class Agent:
+    def __init__(self, config: Config, leader_address: str) -> None:
+        self.config = config
+        a = config.agent
+        self.host_id = config.host_id
+        self.registry = Registry(self._job_changed)
+        self.measurement: MeasurementSource = (
+            ReplayMeasurement(a.measurement_file) if a.measurement == "replay"
+            and a.measurement_file is not None else StaticMeasurement(a.accept_job_hints))
+        self.probing: ProbingSource = (
+            StaticPaths(a.path_table, self.host_id) if a.probing == "static"
+            and a.path_table is not None else NoProbing())
+        self.nics = discover_nics(a.addresses)
+        self.gpus = gpu_count(a.gpus)
+        self.table = TableWriter.open(a.decision_table, capacity=a.table_capacity)
+        self.server = LocalServer(a.socket, group_id(a.socket_group), self.handle)
+        self.link = LeaderLink(leader_address, config.tls, self.host_id, self.report,
+                               self.apply_plan, a.report_interval_s, a.reconnect_max_s,
+                               lambda: self.table.header().plan_generation)
+        self.plans_applied = 0
+        self.rejected = 0
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self.link.start()
+        LOG.info("agent %s: socket %s, table %s, leader %s, %d NIC(s), %d GPU(s)",
+                 self.host_id, self.config.agent.socket, self.config.agent.decision_table,
+                 self.link.address, len(self.nics), self.gpus)
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        await self.link.stop()
+        self.registry.close()
+        self.table.close()  # the file stays: shims keep the last decisions
+
+    def reload(self, config: Config) -> None:
+        self.config = config
+        self.link.interval_s = config.agent.report_interval_s
+        if isinstance(self.measurement, StaticMeasurement):
+            self.measurement = StaticMeasurement(config.agent.accept_job_hints)
+
+    # --- state ---------------------------------------------------------------
+    def local_jobs(self) -> list[LocalJob]:
+        out = []
+        for job in self.registry.jobs():
+            m = self.measurement.measure(job, self.registry.hints(job.job_id))
+            out.append(LocalJob(job.job_id, job.gpus, job.node_rank, job.nnodes,
+                                job.registered_unix_ms, m, job.qps_applied, job.qps_total,
+                                job.command))
+        return out
+
+    def inventory(self) -> HostInventory:
+        return HostInventory(self.host_id, __version__, self.gpus, self.nics,
+                             self.measurement.name, self.probing.name)
+
+    def report(self) -> AgentReport:
+        return AgentReport(self.inventory(), tuple(self.local_jobs()), self.probing.paths(),
+                           (), self.table.header().plan_generation)
+
+    def apply_plan(self, hp: HostPlan) -> None:
+        check_host_plan(hp, self.host_id)
+        changed = self.table.apply(plan_decisions(hp), hp.generation)
+        self.plans_applied += 1
+        self.link.poke()  # tell the leader which generation the table holds
+        LOG.info("plan %d applied: %d job(s), %d table entr%s changed", hp.generation,
+                 len(hp.jobs), changed, "y" if changed == 1 else "ies")
+
+    def _job_changed(self, job_id: str, what: str) -> None:
+        LOG.info("job %s %s", job_id, what)
+        if what in ("deregistered", "exited"):
+            self.table.remove_job(job_id)  # at once: do not wait for the next plan
+        self.link.poke()
+
+    # --- local socket ----------------------------------------------------------
+    async def handle(self, req: apb.LocalRequest, cred: PeerCred) -> apb.LocalReply:
+        kind = req.WhichOneof("body")
+        reply = apb.LocalReply(schema=cpb.SCHEMA_REVISION_CURRENT)
+        if kind == "register":
+            return self._register(req.register, cred)
+        if kind == "deregister":
+            jid = req.deregister.job_id
+            if jid not in self.registry:
+                return _error(NOT_FOUND, f"no job {jid!r} on this host")
+            owners = self.registry.owners(jid)
+            if cred.pid not in owners and cred.uid != 0:
+                return _error(PERMISSION_DENIED, f"job {jid!r} belongs to pid(s) "
+                              f"{', '.join(map(str, owners))}")
+            self.registry.deregister(jid, cred.pid if cred.pid in owners else None)
+            reply.ok = True
+        elif kind == "status":
+            await self._status(reply.status, req.status.local_only)
+        elif kind == "jobs":
+            reply.jobs.jobs.extend(convert.local_job_to_pb(j) for j in self.local_jobs())
+        elif kind == "plan":
+            doc, err = await self.link.plan_document()
+            if doc is None:
+                return _error(UNAVAILABLE, f"leader {self.link.address}: {err}")
+            reply.plan.CopyFrom(doc)
+        else:
+            return _error(INVALID_ARGUMENT, "empty or unknown request")
+        return reply
+
+    def _register(self, r: apb.RegisterJob, cred: PeerCred) -> apb.LocalReply:
+        job = LocalJob(r.job_id, r.gpus, r.node_rank, r.nnodes or 1, command=r.command[:256])
+        try:
+            check_local_job(job)
+            hints = convert.measurement_from_pb(r.hints)
+            check_local_job(LocalJob(r.job_id, r.gpus, measurement=hints), "job")
+        except InvalidMessage as exc:
+            self.rejected += 1
+            return _error(INVALID_ARGUMENT, str(exc))
+        try:
+            self.registry.register(job, hints, cred.pid)
+        except ProcessLookupError:
+            return _error(INVALID_ARGUMENT, f"process {cred.pid} exited before registering")
+        return apb.LocalReply(schema=cpb.SCHEMA_REVISION_CURRENT, registered=apb.RegisterReply(
+            job_id=job.job_id, decision_table=str(self.config.agent.decision_table)))
+
+    async def _status(self, out: apb.StatusReply, local_only: bool) -> None:
+        a = out.agent
+        a.host_id, a.version, a.leader_address = self.host_id, __version__, self.link.address
+        a.decision_table = str(self.config.agent.decision_table)
+        a.applied_generation = self.table.header().plan_generation
+        a.measurement_source, a.probing_source = self.measurement.name, self.probing.name
+        a.jobs.extend(convert.local_job_to_pb(j) for j in self.local_jobs())
+        seen = self.link.last_plan_mono
+        a.last_plan_age_s = -1.0 if seen is None else time.monotonic() - seen
+        if local_only:
+            a.leader_reachable = self.link.reachable
+            a.leader_error = self.link.last_error
+            return
+        cluster, err = await self.link.cluster_status()
+        a.leader_reachable = cluster is not None
+        a.leader_error = err
+        if cluster is not None:
+            out.cluster.CopyFrom(cluster)

@@ -1,0 +1,115 @@
+"""Local jobs and the processes that own them.
+
+A job is registered by a process on the agent's socket (crux-run, later the
+shim); the agent learns that process's pid from the kernel (SO_PEERCRED) and
+watches it with a pidfd, so a job that exits without deregistering (killed,
+crashed) still leaves: the pidfd becomes readable when the process ends, which
+the event loop notices without polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from cruxd.control.records import LocalJob, Measurement
+
+LOG = logging.getLogger(__name__)
+
+
+def process_start_time(pid: int, proc: str = "/proc") -> int | None:
+    """Field 22 of /proc/PID/stat: tells a live process from a recycled pid."""
+    try:
+        with open(f"{proc}/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+@dataclass
+class _Entry:
+    job: LocalJob
+    hints: Measurement
+    owners: dict[int, int] = field(default_factory=dict)  # pid -> pidfd
+
+
+class Registry:
+    def __init__(self, on_change: Callable[[str, str], None]) -> None:
+        self._jobs: dict[str, _Entry] = {}
+        self._on_change = on_change  # (job_id, "registered" | "deregistered" | "exited")
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def register(self, job: LocalJob, hints: Measurement, pid: int) -> LocalJob:
+        """Add (or join) `job`, owned by live process `pid`; raises ProcessLookupError."""
+        loop = self._loop = self._loop or asyncio.get_running_loop()
+        entry = self._jobs.get(job.job_id)
+        if entry is not None and pid in entry.owners:
+            entry.job = replace(entry.job, gpus=job.gpus, node_rank=job.node_rank,
+                                nnodes=job.nnodes, command=job.command or entry.job.command)
+            entry.hints = hints
+            self._on_change(job.job_id, "updated")
+            return entry.job
+        pidfd = os.pidfd_open(pid)  # ProcessLookupError if already gone
+        loop.add_reader(pidfd, self._owner_exited, job.job_id, pid)
+        if entry is None:
+            job = replace(job, registered_unix_ms=int(time.time() * 1000))
+            entry = self._jobs[job.job_id] = _Entry(job, hints)
+            self._on_change(job.job_id, "registered")
+        else:
+            entry.job = replace(entry.job, gpus=max(entry.job.gpus, job.gpus))
+        entry.owners[pid] = pidfd
+        return entry.job
+
+    def deregister(self, job_id: str, pid: int | None = None) -> bool:
+        """Drop `pid`'s ownership (every owner's when pid is None); True if the job left."""
+        entry = self._jobs.get(job_id)
+        if entry is None:
+            return False
+        for owner in [pid] if pid is not None else list(entry.owners):
+            fd = entry.owners.pop(owner, None)
+            if fd is not None:
+                self._unwatch(fd)
+        if entry.owners:  # other processes of the job still run here
+            return False
+        del self._jobs[job_id]
+        self._on_change(job_id, "deregistered")
+        return True
+
+    def _owner_exited(self, job_id: str, pid: int) -> None:
+        entry = self._jobs.get(job_id)
+        fd = entry.owners.pop(pid, None) if entry else None
+        if fd is not None:
+            self._unwatch(fd)
+        LOG.info("job %s: process %d exited", job_id, pid)
+        if entry is not None and not entry.owners:
+            del self._jobs[job_id]
+            self._on_change(job_id, "exited")
+
+    def _unwatch(self, fd: int) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(fd)
+        os.close(fd)
+
+    def owners(self, job_id: str) -> tuple[int, ...]:
+        entry = self._jobs.get(job_id)
+        return tuple(entry.owners) if entry else ()
+
+    def hints(self, job_id: str) -> Measurement:
+        return self._jobs[job_id].hints
+
+    def jobs(self) -> list[LocalJob]:
+        return [e.job for _, e in sorted(self._jobs.items())]
+
+    def __contains__(self, job_id: str) -> bool:
+        return job_id in self._jobs
+
+    def close(self) -> None:
+        for entry in self._jobs.values():
+            for fd in entry.owners.values():
+                self._unwatch(fd)
+            entry.owners.clear()

@@ -1,0 +1,165 @@
+"""cruxctl's live commands: status, jobs and plan --live, from the running daemons.
+
+They ask the local agent over its Unix socket (the agent adds the leader's view),
+or the leader directly with --leader. JSON output is the protobuf messages in
+their canonical JSON mapping (field names as in proto/crux/v1), so scripts can
+rely on the schema.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from cruxd.errors import CruxError, UsageError
+
+UNREACHABLE = 3  # exit status: no agent / leader answered
+
+
+class Unreachable(CruxError):
+    exit_status = UNREACHABLE
+
+
+def add_target_args(p: argparse.ArgumentParser, leader: bool = True) -> None:
+    p.add_argument("--socket", metavar="PATH",
+                   help="the agent's socket (default: $CRUX_SOCKET, else agent.socket of "
+                        "--config, else the embedded default's)")
+    p.add_argument("--config", metavar="FILE", type=Path,
+                   help="read the socket path and TLS files from this cruxd configuration")
+    if leader:
+        p.add_argument("--leader", metavar="HOST:PORT",
+                       help="ask the leader directly over gRPC instead of the local agent")
+    p.add_argument("--json", action="store_true", help="print JSON (stable field names)")
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from cruxd.daemon.config import load_config
+
+    return load_config(args.config)
+
+
+def socket_path(args: argparse.Namespace) -> str:
+    if args.socket:
+        return str(args.socket)
+    if os.environ.get("CRUX_SOCKET") and args.config is None:
+        return os.environ["CRUX_SOCKET"]
+    return str(_config(args).agent.socket)
+
+
+def to_json(msg: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(msg, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+def _local(args: argparse.Namespace, body: str, **fields: Any) -> Any:
+    from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
+    from cruxd.rpc.local import AgentUnavailable, LocalClient
+
+    req = apb.LocalRequest()
+    getattr(req, body).SetInParent()
+    for k, v in fields.items():
+        setattr(getattr(req, body), k, v)
+    try:
+        reply = LocalClient(socket_path(args)).call(req)
+    except AgentUnavailable as exc:
+        raise Unreachable(str(exc)) from None
+    if reply.WhichOneof("body") == "error":
+        code = reply.error.code
+        raise (Unreachable if code == 14 else CruxError)(f"agent: {reply.error.message}")
+    return reply
+
+
+def _leader_call(args: argparse.Namespace, method: str) -> Any:
+    import asyncio
+
+    import grpc
+
+    from cruxd.daemon.hostport import parse_hostport
+    from cruxd.rpc import tls
+    from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
+    from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
+
+    try:
+        parse_hostport(args.leader)
+    except ValueError as exc:
+        raise UsageError(f"--leader: {exc}") from None
+    tls_config = _config(args).tls if args.config else None
+
+    async def call() -> Any:
+        from cruxd.daemon.config_model import TlsConfig
+
+        ch = tls.channel(args.leader, tls_config or TlsConfig(None, None, None, None))
+        try:
+            stub = lgrpc.LeaderStub(ch)
+            req = lpb.StatusRequest() if method == "Status" else lpb.PlanRequest()
+            return await getattr(stub, method)(req, timeout=5.0)
+        finally:
+            await ch.close()
+
+    try:
+        return asyncio.run(call())
+    except grpc.aio.AioRpcError as exc:
+        raise Unreachable(f"leader {args.leader}: {exc.code().name}: {exc.details()}") from None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from cruxd.cli.status_view import print_status
+
+    if args.leader:
+        cluster = _leader_call(args, "Status")
+        doc: dict[str, Any] = {"agent": None, "cluster": to_json(cluster)}
+        agent = None
+    else:
+        reply = _local(args, "status", local_only=args.local)
+        status = reply.status
+        agent = status.agent
+        cluster = status.cluster if status.HasField("cluster") else None
+        doc = {"agent": to_json(agent), "cluster": to_json(cluster) if cluster else None}
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from cruxd.cli.cruxctl import _console
+
+        print_status(_console(), agent, cluster, time.time())
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from cruxd.cli.status_view import print_jobs
+
+    reply = _local(args, "jobs")
+    if args.json:
+        json.dump(to_json(reply.jobs), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from cruxd.cli.cruxctl import _console
+
+        print_jobs(_console(), list(reply.jobs.jobs))
+    return 0
+
+
+def cmd_plan_live(args: argparse.Namespace) -> int:
+    doc = (_leader_call(args, "GetPlan") if args.leader else _local(args, "plan").plan)
+    plan = json.loads(doc.json)
+    if args.json:
+        json.dump(plan, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    from cruxd.cli.cruxctl import _console
+    from cruxd.cli.status_view import print_live_plan
+
+    print_live_plan(_console(), plan)
+    return 0
+
+
+__all__ = ["UNREACHABLE", "add_target_args", "cmd_jobs", "cmd_plan_live", "cmd_status",
+           "socket_path", "to_json"]

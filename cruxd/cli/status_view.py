@@ -1,0 +1,113 @@
+"""Tables for `cruxctl status`, `jobs` and `plan --live` (people; scripts use --json)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+STATES = {0: "?", 1: "profiling", 2: "scheduled", 3: "queued", 4: "expired", 5: "unmeasured"}
+
+
+def _age(seconds: float) -> str:
+    if seconds < 0:
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.0f} min"
+
+
+def _num(x: float) -> str:
+    if math.isinf(x):
+        return "∞"
+    return f"{x:.3g}" if x else "-"
+
+
+def _routes(job: Any) -> str:
+    out = []
+    for r in job.routes:
+        port = f" sport {r.sport}" if r.sport else " ecmp"
+        via = f" via {'>'.join(r.hops)}" if r.hops else ""
+        out.append(f"{r.src_host}->{r.peer_host}{port}{via}")
+    if len(out) > 3:
+        out = [*out[:3], f"+{len(out) - 3} more"]
+    return "\n".join(out) or "-"
+
+
+def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None:
+    if agent is not None:
+        reach = "reachable" if agent.leader_reachable else f"UNREACHABLE ({agent.leader_error})"
+        console.print(f"[bold]agent[/] {agent.host_id} v{agent.version}: leader "
+                      f"{agent.leader_address} {reach}; decision table {agent.decision_table} "
+                      f"at plan {agent.applied_generation} (last plan "
+                      f"{_age(agent.last_plan_age_s)} ago)")
+        console.print(f"  measurement: {agent.measurement_source}; probing: "
+                      f"{agent.probing_source}; local jobs: {len(agent.jobs)}")
+    if cluster is None:
+        if agent is not None and not agent.leader_reachable:
+            console.print("[yellow]no cluster view: the leader did not answer; the agent keeps "
+                          "applying the last plan[/]")
+        return
+    planned = cluster.planned_unix_ms / 1000
+    console.print(f"[bold]leader[/] {cluster.leader_host} ({cluster.leader_address}) "
+                  f"v{cluster.leader_version}: plan {cluster.plan_generation}, "
+                  f"{_age(now - planned) if planned else 'never'} ago, latency "
+                  f"{cluster.plan_latency_s * 1000:.1f} ms, {cluster.levels} levels, "
+                  f"fabric {cluster.topology or '-'}")
+    if cluster.plan_causes:
+        causes = list(cluster.plan_causes)
+        more = f" (+{len(causes) - 4} more)" if len(causes) > 4 else ""
+        console.print(f"  because: {'; '.join(causes[:4])}{more}")
+    agents = Table(title="agents", title_justify="left")
+    for col in ("host", "version", "report age", "GPUs", "addresses", "measurement",
+                "probing", "applied plan"):
+        agents.add_column(col)
+    for a in cluster.agents:
+        age = _age(a.last_report_age_s) + (" [red]expired[/]" if a.expired else "")
+        agents.add_row(a.host_id, a.version, age, str(a.gpus), ", ".join(a.addresses) or "-",
+                       a.measurement_source, a.probing_source, str(a.applied_generation))
+    console.print(agents)
+    jobs = Table(title="jobs", title_justify="left")
+    for col in ("job", "state", "hosts", "GPUs", "I_j", "k_j", "rank", "level", "DSCP",
+                "paths", "QPs applied"):
+        jobs.add_column(col)
+    for j in cluster.jobs:
+        state = STATES.get(j.state, str(j.state)) + (f"\n({j.note})" if j.note else "")
+        qps = f"{j.qps_applied}/{j.qps_total}" if j.qps_total else "no shim report"
+        jobs.add_row(j.job_id, state, ",".join(j.hosts), str(j.gpus), _num(j.intensity),
+                     _num(j.k), str(j.rank), str(j.level), str(j.dscp), _routes(j), qps)
+    console.print(jobs)
+
+
+def print_jobs(console: Console, jobs: list[Any]) -> None:
+    t = Table(title="jobs on this host", title_justify="left")
+    for col in ("job", "GPUs", "node rank", "W_j/iter", "t_j", "period", "source", "since",
+                "command"):
+        t.add_column(col)
+    now = time.time()
+    for j in jobs:
+        m = j.measurement
+        t.add_row(j.job_id, str(j.gpus), f"{j.node_rank}/{j.nnodes}", _num(m.flops_per_iter),
+                  _num(m.comm_s), _num(m.period_s), m.source or "-",
+                  _age(now - j.registered_unix_ms / 1000), j.command or "-")
+    console.print(t)
+
+
+def print_live_plan(console: Console, doc: dict[str, Any]) -> None:
+    console.print(f"plan {doc['generation']} on fabric {doc['topology']}; because: "
+                  f"{'; '.join(doc['causes'][:4]) or '-'}")
+    plan = doc.get("plan")
+    if not plan:
+        console.print("no job could be planned by the scheduler (see cruxctl status)")
+        return
+    t = Table(title=f"jobs ({plan['levels']} levels)", title_justify="left")
+    for col in ("rank", "job", "I_j", "k_j", "level", "DSCP"):
+        t.add_column(col)
+    for j in plan["jobs"]:
+        t.add_row(str(j["rank"]), j["job"], _num(j["intensity"] if j["intensity"] is not None
+                                                 else math.inf), _num(j["k"]), str(j["level"]),
+                  str(j["dscp"]))
+    console.print(t)

@@ -1,0 +1,189 @@
+"""The leader's picture of the cluster, built from agents' reports (pure).
+
+Agents send their whole local state every report, so ingesting is "replace that
+host's part"; what matters is telling a material change (a job arrived or left,
+a measurement moved by more than the threshold, a NIC or path table changed)
+from noise, because only material changes re-plan. Times are Unix seconds
+passed in by the caller, which keeps this module clock-free and testable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cruxd.control.records import (
+    AgentReport,
+    HostInventory,
+    LinkObservation,
+    LocalJob,
+    Measurement,
+    ProbedPath,
+)
+
+# Expired agents and jobs stay visible in status this many agent timeouts.
+KEEP_EXPIRED_TIMEOUTS = 10
+
+
+@dataclass
+class AgentRecord:
+    inventory: HostInventory
+    jobs: dict[str, LocalJob]
+    paths: dict[str, tuple[ProbedPath, ...]]
+    links: tuple[LinkObservation, ...] = ()
+    last_report: float = 0.0
+    applied_generation: int = 0
+    expired: bool = False
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    first_seen: float
+    profile: str = "queued"  # queued -> profiling -> done
+    profiling_until: float = 0.0
+    expired_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MergedJob:
+    """A job across all hosts that report it, hosts in ring (node_rank) order."""
+
+    job_id: str
+    hosts: tuple[tuple[str, int], ...]
+    nnodes: int
+    measurement: Measurement  # W_j summed over hosts; times and sizes: the maximum
+
+
+@dataclass
+class ClusterState:
+    agent_timeout_s: float
+    change_threshold: float
+    profiling_s: float
+    agents: dict[str, AgentRecord] = field(default_factory=dict)
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+
+    # --- events ------------------------------------------------------------
+    def ingest(self, report: AgentReport, now: float) -> list[str]:
+        """Take a (validated) report; return the material changes it brings."""
+        host = report.host.host_id
+        old = self.agents.get(host)
+        new_jobs = {j.job_id: j for j in report.jobs}
+        paths = {t.dst_host: t.paths for t in report.paths}
+        causes: list[str] = []
+        if old is None or old.expired:
+            causes.append(f"agent joined: {host}")
+        else:
+            if old.inventory.nics != report.host.nics:
+                causes.append(f"NICs changed: {host}")
+            if old.paths != paths:
+                causes.append(f"path table changed: {host}")
+        before = old.jobs if old is not None and not old.expired else {}
+        for jid in sorted(new_jobs.keys() - before.keys()):
+            rec = self.jobs.get(jid)
+            if rec is None or rec.expired_at is not None:
+                self.jobs[jid] = JobRecord(jid, first_seen=now)
+                causes.append(f"job arrived: {jid}")
+            else:
+                causes.append(f"job grew: {jid} on {host}")
+        for jid in sorted(before.keys() - new_jobs.keys()):
+            causes.append(f"job left host: {jid} on {host}")
+        for jid in sorted(before.keys() & new_jobs.keys()):
+            if self._material(before[jid], new_jobs[jid]):
+                causes.append(f"measurement changed: {jid} on {host}")
+        self.agents[host] = AgentRecord(report.host, new_jobs, paths, report.links, now,
+                                        report.applied_generation)
+        causes += self._settle_jobs(now)
+        return causes
+
+    def expire(self, now: float) -> list[str]:
+        causes = []
+        for host, rec in list(self.agents.items()):
+            age = now - rec.last_report
+            if not rec.expired and age > self.agent_timeout_s:
+                rec.expired = True
+                rec.jobs = {}
+                causes.append(f"agent expired: {host}")
+            elif rec.expired and age > KEEP_EXPIRED_TIMEOUTS * self.agent_timeout_s:
+                del self.agents[host]
+        causes += self._settle_jobs(now)
+        for jid, job in list(self.jobs.items()):
+            if (job.expired_at is not None
+                    and now - job.expired_at > KEEP_EXPIRED_TIMEOUTS * self.agent_timeout_s):
+                del self.jobs[jid]
+        return causes
+
+    def advance_profiling(self, now: float, enabled: bool = True) -> list[str]:
+        """End finished profiling windows and start the oldest queued job's window."""
+        causes = []
+        live = [j for j in self.jobs.values() if j.expired_at is None]
+        for job in live:
+            if job.profile == "queued" and (not enabled or self.profiling_s <= 0):
+                job.profile = "done"
+            elif job.profile == "profiling" and now >= job.profiling_until:
+                job.profile = "done"
+                causes.append(f"profiling done: {job.job_id}")
+        if not any(j.profile == "profiling" for j in live):
+            queued = sorted((j for j in live if j.profile == "queued"),
+                            key=lambda j: (j.first_seen, j.job_id))
+            if queued:
+                job = queued[0]
+                job.profile = "profiling"
+                job.profiling_until = now + self.profiling_s
+                causes.append(f"profiling: {job.job_id}")
+        return causes
+
+    def next_deadline(self) -> float | None:
+        """When expire() or advance_profiling() next has something to do."""
+        times = [r.last_report + self.agent_timeout_s for r in self.agents.values()
+                 if not r.expired]
+        times += [j.profiling_until for j in self.jobs.values()
+                  if j.profile == "profiling" and j.expired_at is None]
+        return min(times) if times else None
+
+    # --- views -------------------------------------------------------------
+    def live_agents(self) -> dict[str, AgentRecord]:
+        return {h: r for h, r in self.agents.items() if not r.expired}
+
+    def merged_jobs(self) -> list[MergedJob]:
+        parts: dict[str, list[tuple[str, LocalJob]]] = {}
+        for host, rec in sorted(self.live_agents().items()):
+            for job in rec.jobs.values():
+                parts.setdefault(job.job_id, []).append((host, job))
+        out = []
+        for jid in sorted(parts):
+            members = sorted(parts[jid], key=lambda hj: (hj[1].node_rank, hj[0]))
+            ms = [j.measurement for _, j in members]
+            merged = Measurement(
+                flops_per_iter=sum(m.flops_per_iter for m in ms),
+                comm_s=max(m.comm_s for m in ms),
+                period_s=max(m.period_s for m in ms),
+                compute_s=max(m.compute_s for m in ms),
+                allreduce_bytes=max(m.allreduce_bytes for m in ms),
+                source=",".join(sorted({m.source for m in ms if m.source})),
+            )
+            out.append(MergedJob(jid, tuple((h, j.gpus) for h, j in members),
+                                 max(j.nnodes for _, j in members), merged))
+        return out
+
+    # --- internals ---------------------------------------------------------
+    def _material(self, a: LocalJob, b: LocalJob) -> bool:
+        if (a.gpus, a.node_rank, a.nnodes) != (b.gpus, b.node_rank, b.nnodes):
+            return True
+        ma, mb = a.measurement, b.measurement
+        for name in ("flops_per_iter", "comm_s", "period_s", "compute_s", "allreduce_bytes"):
+            x, y = getattr(ma, name), getattr(mb, name)
+            if (x == 0) != (y == 0):
+                return True
+            if x and abs(y - x) > self.change_threshold * abs(x):
+                return True
+        return False
+
+    def _settle_jobs(self, now: float) -> list[str]:
+        """Jobs no live agent reports expire; reported ones come back to life."""
+        present = {jid for rec in self.live_agents().values() for jid in rec.jobs}
+        causes = []
+        for jid, job in self.jobs.items():
+            if job.expired_at is None and jid not in present:
+                job.expired_at = now
+                causes.append(f"job ended: {jid}")
+        return causes

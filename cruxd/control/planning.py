@@ -1,0 +1,177 @@
+"""From the leader's cluster state to one plan per host (pure; uses the scheduler).
+
+The scheduler plans the jobs it can reason about: on the known fabric, with a
+W_j and either traffic per iteration or a measured t_j. A job in its profiling
+window gets the top level alone (seed §5) and everybody else is compressed into
+the levels below; a job without measurements yet sits on the lowest level with
+its paths left to ECMP, and says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cruxd.control.cluster import ClusterState, MergedJob
+from cruxd.control.records import HostPlan, JobAssignment, JobState, Nic, PeerRoute
+from cruxd.model.jobs import Job, ring_allreduce
+from cruxd.model.plan import Plan
+from cruxd.model.topology import Topology, TopologyBuilder
+from cruxd.model.view import ClusterView, DiscoveredPath
+from cruxd.scheduler.dscp import check_dscp, default_dscp
+from cruxd.scheduler.planner import PlanConfig, plan
+
+DEFAULT_OVERLAP = 0.5  # seed Fig. 12: communication may start half-way through compute
+
+
+@dataclass(frozen=True)
+class LeaderPlanConfig:
+    levels: int = 5
+    dscp: tuple[int, ...] | None = None
+    star_nic_gbps: float = 100.0
+
+    def dscp_values(self) -> tuple[int, ...]:
+        if self.dscp is None:
+            return default_dscp(self.levels)
+        return check_dscp(self.dscp, self.levels)
+
+
+@dataclass
+class PublishedPlan:
+    generation: int
+    planned_unix_ms: int
+    levels: int
+    jobs: tuple[JobAssignment, ...]
+    causes: tuple[str, ...] = ()
+    latency_s: float = 0.0
+    topology: str = ""
+    document: dict[str, Any] | None = None  # Plan.to_dict() of the scheduler's plan
+    _per_host: dict[str, HostPlan] = field(default_factory=dict, repr=False)
+
+    def for_host(self, host: str) -> HostPlan:
+        hp = self._per_host.get(host)
+        if hp is None:
+            jobs = tuple(j.for_host(host) for j in self.jobs if host in j.hosts)
+            hp = self._per_host[host] = HostPlan(self.generation, host, self.planned_unix_ms,
+                                                 self.levels, jobs)
+        return hp
+
+
+def star(hosts: Mapping[str, tuple[Nic, ...]], gbps: float) -> Topology:
+    """The fabric when none is configured: every host's NICs on one switch."""
+    b = TopologyBuilder("star")
+    b.switch("star", 1)
+    for host in sorted(hosts):
+        b.host(host, 0)
+        for _ in range(max(1, len(hosts[host]))):
+            b.link(host, "star", gbps)
+    return b.build()
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """A copy of what planning reads, taken on the event loop, so the plan can be
+    computed in a worker thread while reports keep changing the live state."""
+
+    jobs: tuple[MergedJob, ...]
+    nics: dict[str, tuple[Nic, ...]]
+    paths: dict[tuple[str, str], tuple[DiscoveredPath, ...]]
+    profile: dict[str, str]  # job id -> queued | profiling | done
+
+
+def plan_inputs(state: ClusterState) -> PlanInputs:
+    agents = state.live_agents()
+    return PlanInputs(
+        jobs=tuple(state.merged_jobs()),
+        nics={h: r.inventory.nics for h, r in agents.items()},
+        paths={(src, dst): tuple(DiscoveredPath(p.hops, p.sports) for p in table)
+               for src, rec in agents.items() for dst, table in rec.paths.items()},
+        profile={j: r.profile for j, r in state.jobs.items() if r.expired_at is None})
+
+
+def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanConfig,
+              generation: int, now: float, causes: tuple[str, ...] = ()) -> PublishedPlan:
+    topo = topology or star(inputs.nics, config.star_nic_gbps)
+    dscp = config.dscp_values()
+    merged = inputs.jobs
+    profiling = {jid for jid, p in inputs.profile.items() if p == "profiling"}
+    reserve = config.levels >= 2 and any(m.job_id in profiling for m in merged)
+    levels = config.levels - 1 if reserve else config.levels
+
+    plannable: list[Job] = []
+    notes: dict[str, str] = {}
+    for m in merged:
+        job, note = _as_job(m, topo)
+        if job is None:
+            notes[m.job_id] = note
+        else:
+            plannable.append(job)
+    result: Plan | None = None
+    if plannable:
+        view = ClusterView(topo, tuple(plannable), inputs.paths)
+        result = plan(view, PlanConfig(levels=levels, dscp=dscp[:levels]))
+    nics = inputs.nics
+    decided = {d.job: d for d in result.jobs} if result else {}
+    routes: dict[str, list[PeerRoute]] = {}
+    for f in result.flows if result else ():
+        routes.setdefault(f.job, []).append(PeerRoute(
+            src_host=f.src, peer_host=f.dst, peer_addresses=_addresses(nics, f.dst, f.src_port),
+            sport=f.sport or 0, hops=f.hops,
+            nic_port=f.src_port if f.src_port is not None else -1))
+
+    out = []
+    for m in merged:
+        hosts = tuple(h for h, _ in m.hosts)
+        gpus = sum(g for _, g in m.hosts)
+        d = decided.get(m.job_id)
+        if m.job_id in profiling and reserve:
+            a = JobAssignment(m.job_id, JobState.PROFILING, level=config.levels - 1,
+                              dscp=dscp[-1], hosts=hosts, gpus=gpus,
+                              routes=tuple(routes.get(m.job_id, ())), note=notes.get(m.job_id, ""))
+            if d is not None:
+                a = replace(a, intensity=d.intensity, k=d.k, rank=d.rank)
+        elif d is None:
+            a = JobAssignment(m.job_id, JobState.UNMEASURED, level=0, dscp=dscp[0],
+                              hosts=hosts, gpus=gpus, note=notes.get(m.job_id, ""))
+        else:
+            state_ = (JobState.QUEUED if inputs.profile.get(m.job_id) == "queued"
+                      and config.levels >= 2 else JobState.SCHEDULED)
+            a = JobAssignment(m.job_id, state_, intensity=d.intensity, k=d.k,
+                              rank=d.rank, level=d.level, dscp=d.dscp, hosts=hosts, gpus=gpus,
+                              routes=tuple(routes.get(m.job_id, ())))
+        out.append(a)
+    out.sort(key=lambda a: (a.state is not JobState.PROFILING, -a.level, a.rank, a.job_id))
+    return PublishedPlan(generation, int(now * 1000), config.levels, tuple(out), causes,
+                         topology=topo.name, document=result.to_dict() if result else None)
+
+
+def _as_job(m: MergedJob, topo: Topology) -> tuple[Job | None, str]:
+    missing = [h for h, _ in m.hosts if not topo.is_host(h)]
+    if missing:
+        return None, f"host {missing[0]} not in topology {topo.name}"
+    if m.nnodes > len(m.hosts):
+        return None, f"{len(m.hosts)} of {m.nnodes} hosts reported"
+    ms = m.measurement
+    multi = len(m.hosts) > 1
+    if ms.flops_per_iter <= 0:
+        return None, "no W_j measured yet"
+    if multi and ms.allreduce_bytes <= 0 and ms.comm_s <= 0:
+        return None, "no traffic or t_j measured yet"
+    compute = ms.compute_s or ms.period_s or 1.0
+    overlap = DEFAULT_OVERLAP
+    if ms.compute_s and ms.period_s and ms.comm_s:
+        # period = (1 - o) * compute + comm when communication is the tail
+        overlap = min(1.0, max(0.0, 1.0 - (ms.period_s - ms.comm_s) / ms.compute_s))
+    size = ms.allreduce_bytes or 1.0  # t_j measured without sizes: nominal traffic
+    ports = {h: topo.nic_ports(h) for h, _ in m.hosts}
+    flows = ring_allreduce(m.hosts, size, ports) if multi else ()
+    return Job(m.job_id, m.hosts, compute, ms.flops_per_iter, overlap, flows,
+               comm_s=ms.comm_s or None), ""
+
+
+def _addresses(nics: Mapping[str, tuple[Nic, ...]], host: str, port: int | None
+               ) -> tuple[str, ...]:
+    have = nics.get(host, ())
+    same_rail = tuple(n.address for n in have if port is not None and n.port == port)
+    return same_rail or tuple(n.address for n in have)

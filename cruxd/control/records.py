@@ -1,0 +1,156 @@
+"""Records exchanged between agents and the leader, as domain dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+
+
+class JobState(IntEnum):
+    """Mirrors crux.v1.JobState (same numbers)."""
+
+    UNSPECIFIED = 0
+    PROFILING = 1
+    SCHEDULED = 2
+    QUEUED = 3
+    EXPIRED = 4
+    UNMEASURED = 5
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """Per-iteration figures of a job on one host; 0 means unknown."""
+
+    flops_per_iter: float = 0.0  # W_j share of this host's GPUs
+    comm_s: float = 0.0  # t_j seen from this host
+    period_s: float = 0.0
+    compute_s: float = 0.0
+    allreduce_bytes: float = 0.0
+    source: str = ""
+
+    def merged_over(self, base: Measurement) -> Measurement:
+        """This measurement, with `base` filling the fields this one does not know."""
+        return Measurement(
+            flops_per_iter=self.flops_per_iter or base.flops_per_iter,
+            comm_s=self.comm_s or base.comm_s,
+            period_s=self.period_s or base.period_s,
+            compute_s=self.compute_s or base.compute_s,
+            allreduce_bytes=self.allreduce_bytes or base.allreduce_bytes,
+            source=self.source or base.source,
+        )
+
+    @property
+    def known(self) -> bool:
+        return self.flops_per_iter > 0
+
+
+@dataclass(frozen=True, slots=True)
+class LocalJob:
+    job_id: str
+    gpus: int
+    node_rank: int = 0
+    nnodes: int = 1
+    registered_unix_ms: int = 0
+    measurement: Measurement = Measurement()
+    qps_applied: int = 0
+    qps_total: int = 0
+    command: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Nic:
+    name: str
+    address: str
+    port: int
+    speed_gbps: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class HostInventory:
+    host_id: str
+    agent_version: str = ""
+    gpus: int = 0
+    nics: tuple[Nic, ...] = ()
+    measurement_source: str = ""
+    probing_source: str = ""
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(n.address for n in self.nics)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbedPath:
+    hops: tuple[str, ...]
+    sports: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PathTable:
+    dst_host: str
+    paths: tuple[ProbedPath, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkObservation:
+    link: str
+    utilization: float = 0.0
+    congestion_events: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentReport:
+    host: HostInventory
+    jobs: tuple[LocalJob, ...] = ()
+    paths: tuple[PathTable, ...] = ()
+    links: tuple[LinkObservation, ...] = ()
+    applied_generation: int = 0
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRoute:
+    src_host: str
+    peer_host: str
+    peer_addresses: tuple[str, ...]
+    sport: int = 0  # 0: no probed port, ECMP decides
+    hops: tuple[str, ...] = ()
+    nic_port: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class JobAssignment:
+    """The leader's decision for one job (the routes: those leaving one host)."""
+
+    job_id: str
+    state: JobState
+    intensity: float = 0.0
+    k: float = 1.0
+    rank: int = 0
+    level: int = 0
+    dscp: int = 0
+    hosts: tuple[str, ...] = ()
+    gpus: int = 0
+    routes: tuple[PeerRoute, ...] = ()
+    note: str = ""
+
+    @property
+    def traffic_class(self) -> int:
+        return self.dscp << 2
+
+    def for_host(self, host: str) -> JobAssignment:
+        """The same decision, keeping only the routes leaving `host`."""
+        return replace(self, routes=tuple(r for r in self.routes if r.src_host == host))
+
+
+@dataclass(frozen=True, slots=True)
+class HostPlan:
+    generation: int
+    host_id: str
+    planned_unix_ms: int
+    levels: int
+    jobs: tuple[JobAssignment, ...] = field(default=())

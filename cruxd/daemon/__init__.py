@@ -1,0 +1,1 @@
+"""cruxd's process shell: configuration, systemd, logging, the event loop."""

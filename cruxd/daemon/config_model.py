@@ -1,0 +1,116 @@
+"""The shape of cruxd's configuration, and what changed between two of them.
+
+config.py reads and checks a file into these; keeping the dataclasses apart lets
+code that only consumes a configuration import them without the parser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+ROLES = frozenset({"agent", "leader"})
+LOG_LEVELS = ("debug", "info", "warning", "error")
+EMBEDDED = "<embedded default>"
+
+# Keys a SIGHUP applies to the running daemon; a change to any other key is
+# reported by restart_required and waits for a restart.
+LIVE_KEYS = frozenset({
+    "daemon.log_level", "agent.report_interval_s", "agent.accept_job_hints",
+    "leader.levels", "leader.dscp", "leader.debounce_ms", "leader.profiling_s",
+    "leader.change_threshold", "leader.agent_timeout_s",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    socket: Path
+    socket_group: str | None  # None: the daemon's own group only
+    leader: str  # host:port
+    report_interval_s: float
+    decision_table: Path
+    table_capacity: int
+    accept_job_hints: bool
+    measurement: str  # "static" | "replay"
+    measurement_file: Path | None  # set exactly when measurement == "replay"
+    probing: str  # "static" | "none"
+    path_table: Path | None
+    addresses: tuple[str, ...]  # normalised IP texts; () -> discover at run time
+    gpus: int | None  # None: detect with NVML
+    reconnect_max_s: float
+    job_grace_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderConfig:
+    listen: str  # host:port; port 0 lets the OS pick
+    topology: Path | None  # None: a star of the known hosts at star_nic_gbps
+    levels: int
+    dscp: tuple[int, ...] | None  # None: cruxd.scheduler.dscp.default_dscp(levels)
+    agent_timeout_s: float
+    debounce_ms: float
+    profiling_s: float
+    change_threshold: float
+    star_nic_gbps: float
+    max_jobs: int
+    state_file: Path
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    ca: Path | None
+    cert: Path | None
+    key: Path | None
+    server_name: str | None  # None: the host part of agent.leader
+
+    @property
+    def enabled(self) -> bool:
+        return self.ca is not None and self.cert is not None and self.key is not None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    listen: str | None  # None: no metrics endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    roles: frozenset[str]
+    host_id: str
+    state_dir: Path
+    runtime_dir: Path
+    log_level: str
+    agent: AgentConfig
+    leader: LeaderConfig
+    tls: TlsConfig
+    metrics: MetricsConfig
+    source: str  # EMBEDDED or the file's path
+
+
+DAEMON_KEYS = ("roles", "host_id", "state_dir", "runtime_dir", "log_level")
+_SECTIONS: dict[str, type] = {
+    "agent": AgentConfig, "leader": LeaderConfig, "tls": TlsConfig, "metrics": MetricsConfig}
+SECTION_KEYS: dict[str, tuple[str, ...]] = {
+    "daemon": DAEMON_KEYS,
+    **{name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in _SECTIONS.items()},
+}
+
+
+def _flat(config: Config) -> dict[str, object]:
+    out: dict[str, object] = {f"daemon.{k}": getattr(config, k) for k in DAEMON_KEYS}
+    for name in _SECTIONS:
+        part = getattr(config, name)
+        out.update({f"{name}.{k}": getattr(part, k) for k in SECTION_KEYS[name]})
+    return out
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    """Dotted keys whose effective values differ, in file order."""
+    before, after = _flat(old), _flat(new)
+    return [k for k in before if before[k] != after[k]]
+
+
+def restart_required(old: Config, new: Config) -> list[str]:
+    """Changed keys that a SIGHUP cannot apply: they take effect at the next restart."""
+    return [k for k in changed_keys(old, new) if k not in LIVE_KEYS]

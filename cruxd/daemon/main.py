@@ -1,0 +1,175 @@
+"""cruxd's process: the roles this host runs, signals, systemd, metrics.
+
+One asyncio event loop carries everything. SIGTERM/SIGINT stop gracefully
+(in-flight RPCs get `GRACE_S`, state is flushed); SIGHUP re-reads the
+configuration file and keeps the running one if the new file is bad.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from cruxd import __version__
+from cruxd.daemon.config import ConfigError, load_config, restart_required
+from cruxd.daemon.config_model import Config, changed_keys
+from cruxd.daemon.hostport import format_hostport, parse_hostport
+from cruxd.daemon.logs import setup_logging
+from cruxd.daemon.metrics import Metrics
+from cruxd.daemon.notify import Notifier, watchdog_loop
+from cruxd.errors import CruxError
+
+LOG = logging.getLogger("cruxd")
+GRACE_S = 5.0
+SERVICE = "crux.v1.Leader"
+
+
+def _loopback(listen_host: str, port: int) -> str:
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(listen_host, listen_host)
+    return format_hostport(host, port)
+
+
+class Daemon:
+    def __init__(self, config: Config, path: Path | None, notifier: Notifier) -> None:
+        self.config = config
+        self.path = path
+        self.notifier = notifier
+        self.metrics = Metrics()
+        self.stop_event = asyncio.Event()
+        self.reload_event = asyncio.Event()
+        self.server: grpc.aio.Server | None = None
+        self.health: HealthServicer | None = None
+        self.leader = None
+        self.agent = None
+
+    async def start(self) -> None:
+        c = self.config
+        c.state_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        c.runtime_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        leader_address = c.agent.leader
+        if "leader" in c.roles:
+            leader_address = await self._start_leader()
+        if "agent" in c.roles:
+            from cruxd.agent.core import Agent
+
+            self.agent = Agent(c, leader_address)
+            await self.agent.start()
+        self.metrics.leader, self.metrics.agent = self.leader, self.agent
+        self.metrics.serve(c.metrics.listen)
+
+    async def _start_leader(self) -> str:
+        from cruxd.leader.service import Leader, load_topology
+        from cruxd.rpc import tls
+        from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc
+
+        c = self.config
+        self.leader = leader = Leader(c, load_topology(c.leader.topology),
+                                      self.metrics.on_plan, self.metrics.on_reject)
+        leader.restore()
+        self.server = grpc.aio.server(options=tls.KEEPALIVE_SERVER)
+        leader_pb2_grpc.add_LeaderServicer_to_server(leader, self.server)
+        self.health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        creds = tls.server_credentials(c.tls)
+        try:
+            port = (self.server.add_secure_port(c.leader.listen, creds) if creds
+                    else self.server.add_insecure_port(c.leader.listen))
+        except RuntimeError as exc:
+            raise CruxError(f"leader.listen: cannot listen on {c.leader.listen}: {exc}") from None
+        await self.server.start()
+        host, _ = parse_hostport(c.leader.listen)
+        leader.address = format_hostport(host, port)
+        leader.start()
+        for name in (SERVICE, ""):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        LOG.info("leader listening on %s%s", leader.address, " (mTLS)" if creds else "")
+        return _loopback(host, port)
+
+    def status_line(self) -> str:
+        parts = []
+        if self.agent is not None:
+            parts.append(f"agent {self.config.host_id} ({len(self.agent.registry.jobs())} jobs)")
+        if self.leader is not None:
+            plan = self.leader.plan
+            parts.append(f"leader {self.leader.address} (plan {plan.generation if plan else 0})")
+        return ", ".join(parts)
+
+    async def run(self) -> int:
+        await self.start()
+        self.notifier.ready(status=self.status_line())
+        LOG.info("cruxd %s running: %s (config: %s)", __version__, self.status_line(),
+                 self.config.source)
+        dog = asyncio.create_task(watchdog_loop(self.notifier, self.stop_event))
+        while not self.stop_event.is_set():
+            waits = [asyncio.create_task(self.stop_event.wait()),
+                     asyncio.create_task(self.reload_event.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+            if self.reload_event.is_set() and not self.stop_event.is_set():
+                self.reload_event.clear()
+                self.reload()
+        await self.shutdown()
+        await dog
+        return 0
+
+    def reload(self) -> None:
+        self.notifier.reloading()
+        try:
+            if self.path is None:
+                LOG.info("SIGHUP: running the embedded default, no file to re-read")
+                return
+            try:
+                new = load_config(self.path)
+            except ConfigError as exc:
+                LOG.error("SIGHUP: %s; keeping the running configuration", exc)
+                return
+            later = restart_required(self.config, new)
+            if later:
+                LOG.warning("SIGHUP: %s changed but take effect only after a restart",
+                            ", ".join(later))
+            live = [k for k in changed_keys(self.config, new) if k not in later]
+            self.config = new
+            setup_logging(new.log_level)
+            if self.leader is not None:
+                self.leader.reload(new)
+            if self.agent is not None:
+                self.agent.reload(new)
+            LOG.info("SIGHUP: configuration reloaded (%s)", ", ".join(live) or "no live change")
+        finally:
+            self.notifier.ready(status=self.status_line())
+
+    async def shutdown(self) -> None:
+        self.notifier.stopping()
+        LOG.info("stopping")
+        if self.health is not None:
+            await self.health.enter_graceful_shutdown()
+        if self.agent is not None:
+            await self.agent.stop()
+        if self.leader is not None:
+            await self.leader.stop()
+        if self.server is not None:
+            await self.server.stop(GRACE_S)
+        self.metrics.close()
+        LOG.info("stopped")
+
+
+async def serve(config: Config, path: Path | None, notifier: Notifier) -> int:
+    daemon = Daemon(config, path, notifier)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.stop_event.set)
+    loop.add_signal_handler(signal.SIGHUP, daemon.reload_event.set)
+    try:
+        return await daemon.run()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await daemon.shutdown()
+        raise

@@ -1,0 +1,105 @@
+"""Prometheus metrics: counters updated as things happen, gauges read at scrape time
+from the leader's and agent's own state (so they can never drift from it)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cruxd.daemon.hostport import parse_hostport
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from cruxd.agent.core import Agent
+    from cruxd.control.planning import PublishedPlan
+    from cruxd.leader.service import Leader
+
+LOG = logging.getLogger(__name__)
+
+
+class _StateCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        leader, agent = self.m.leader, self.m.agent
+        if leader is not None:
+            plan = leader.plan
+            intensity = GaugeMetricFamily("crux_job_intensity", "GPU intensity I_j (FLOP/s)",
+                                          labels=["job"])
+            level = GaugeMetricFamily("crux_job_level", "Priority level, 0 lowest",
+                                      labels=["job", "state"])
+            for a in plan.jobs if plan else ():
+                if math.isfinite(a.intensity):
+                    intensity.add_metric([a.job_id], a.intensity)
+                level.add_metric([a.job_id, a.state.label], a.level)
+            yield intensity
+            yield level
+            yield GaugeMetricFamily("crux_plan_generation", "Current plan generation",
+                                    value=plan.generation if plan else 0)
+            ages = GaugeMetricFamily("crux_agent_report_age_seconds",
+                                     "Seconds since each agent's last report", labels=["host"])
+            now = leader.clock()
+            for host, rec in leader.state.agents.items():
+                ages.add_metric([host], now - rec.last_report)
+            yield ages
+            yield GaugeMetricFamily("crux_plan_watchers", "Open plan streams",
+                                    value=leader.watchers)
+        if agent is not None:
+            yield GaugeMetricFamily("crux_agent_local_jobs", "Jobs registered on this host",
+                                    value=len(agent.registry.jobs()))
+            yield GaugeMetricFamily("crux_agent_leader_reachable",
+                                    "1 when the last call to the leader succeeded",
+                                    value=1.0 if agent.link.reachable else 0.0)
+            yield GaugeMetricFamily("crux_agent_applied_generation",
+                                    "Plan generation in the decision table",
+                                    value=agent.table.header().plan_generation)
+            yield GaugeMetricFamily("crux_agent_rpc_errors", "Failed calls to the leader",
+                                    value=agent.link.rpc_errors)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.leader: Leader | None = None
+        self.agent: Agent | None = None
+        self.plans = Counter("crux_plans", "Plans published", registry=self.registry)
+        self.plan_latency = Histogram(
+            "crux_plan_latency_seconds", "From the first event to the published plan",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry)
+        self.rejected = Counter("crux_rpc_rejected", "Messages refused as invalid",
+                                ["rpc", "field"], registry=self.registry)
+        self.registry.register(_StateCollector(self))
+        self._server: WSGIServer | None = None
+        self.port = 0
+
+    def on_plan(self, plan: PublishedPlan) -> None:
+        self.plans.inc()
+        self.plan_latency.observe(plan.latency_s)
+
+    def on_reject(self, rpc: str, field: str) -> None:
+        self.rejected.labels(rpc, field).inc()
+
+    def serve(self, listen: str | None) -> None:
+        if not listen:
+            return
+        host, port = parse_hostport(listen)
+        self._server, _ = start_http_server(port, host, registry=self.registry)
+        self.port = self._server.server_port
+        LOG.info("metrics on http://%s:%d/metrics", host, self.port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+

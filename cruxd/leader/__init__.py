@@ -1,0 +1,1 @@
+"""The leader: ingests agents' reports, re-plans on change, streams plans, persists."""

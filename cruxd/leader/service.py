@@ -1,0 +1,217 @@
+"""The leader's gRPC service and its planning loop (one asyncio event loop).
+
+Reports only update the cluster state and wake the planner; the planner waits
+`debounce_ms` for more events, plans in a worker thread (the loop keeps serving),
+then publishes: every WatchPlan stream wakes on one asyncio.Event and sends its
+host's part. No polling anywhere: the loop sleeps until an event or the next
+deadline (an agent timeout, the end of a profiling window).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+
+from cruxd.control.cluster import ClusterState
+from cruxd.control.planning import LeaderPlanConfig, PublishedPlan, make_plan, plan_inputs
+from cruxd.control.validate import InvalidMessage, check_host_id, check_report
+from cruxd.daemon.config_model import Config
+from cruxd.leader import store
+from cruxd.leader.status import cluster_status
+from cruxd.model.topology import Topology
+from cruxd.rpc import convert
+from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
+from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
+
+LOG = logging.getLogger(__name__)
+
+
+class Leader(lgrpc.LeaderServicer):
+    def __init__(self, config: Config, topology: Topology | None,
+                 on_plan: Callable[[PublishedPlan], None] | None = None,
+                 on_reject: Callable[[str, str], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        lc = config.leader
+        self.config = config
+        self.topology = topology
+        self.clock = clock
+        self.state = ClusterState(lc.agent_timeout_s, lc.change_threshold, lc.profiling_s)
+        self.plan: PublishedPlan | None = None
+        self.address = ""
+        self._on_plan = on_plan or (lambda p: None)
+        self._on_reject = on_reject or (lambda rpc, why: None)
+        self._wake = asyncio.Event()
+        self._published = asyncio.Event()
+        self._causes: list[str] = []
+        self._first_event: float | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._persist: asyncio.Task[None] | None = None
+        self.watchers = 0
+
+    # --- lifecycle ---------------------------------------------------------
+    def restore(self) -> None:
+        self.plan = store.load(self.config.leader.state_file, self.state, self.clock())
+        if self.plan is not None:
+            LOG.info("resumed plan generation %d (%d jobs, %d agents) from %s",
+                     self.plan.generation, len(self.plan.jobs), len(self.state.agents),
+                     self.config.leader.state_file)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._planner(), name="planner")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._published.set()  # release streams so the server can drain
+        if self._persist is not None:
+            await asyncio.gather(self._persist, return_exceptions=True)
+        self._save()  # flush: the newest view, even if no plan followed it
+
+    def reload(self, config: Config) -> None:
+        lc = config.leader
+        self.config = config
+        self.state.agent_timeout_s = lc.agent_timeout_s
+        self.state.change_threshold = lc.change_threshold
+        self.state.profiling_s = lc.profiling_s
+        self._event("configuration reloaded")
+
+    # --- events --------------------------------------------------------------
+    def _event(self, *causes: str) -> None:
+        if not causes:
+            return
+        if self._first_event is None:
+            self._first_event = time.monotonic()
+        self._causes.extend(causes)
+        self._wake.set()
+
+    async def _planner(self) -> None:
+        while True:
+            deadline = self.state.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - self.clock()) + 0.01
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            if self._wake.is_set() and self.config.leader.debounce_ms > 0:
+                await asyncio.sleep(self.config.leader.debounce_ms / 1000)
+            self._wake.clear()
+            now = self.clock()
+            causes = [*self._causes, *self.state.expire(now),
+                      *self.state.advance_profiling(now, self.config.leader.levels >= 2)]
+            self._causes = []
+            if causes or (self.plan is None and self.state.agents):
+                await self._replan(causes or ["first plan"])
+
+    async def _replan(self, causes: list[str]) -> None:
+        first = self._first_event or time.monotonic()
+        self._first_event = None
+        lc = self.config.leader
+        cfg = LeaderPlanConfig(lc.levels, lc.dscp, lc.star_nic_gbps)
+        gen = (self.plan.generation if self.plan else 0) + 1
+        try:
+            plan = await asyncio.to_thread(make_plan, plan_inputs(self.state), self.topology,
+                                           cfg, gen,
+                                           self.clock(), tuple(causes))
+        except Exception:
+            LOG.exception("planning failed; agents keep plan %s",
+                          self.plan.generation if self.plan else "none")
+            return
+        plan.latency_s = time.monotonic() - first
+        self.plan = plan
+        old, self._published = self._published, asyncio.Event()
+        old.set()
+        LOG.info("plan %d: %d job(s) in %.1f ms after %s", gen, len(plan.jobs),
+                 plan.latency_s * 1000, "; ".join(causes[:3]) + (" ..." if len(causes) > 3
+                                                                 else ""))
+        self._on_plan(plan)
+        if self._persist is not None:
+            await asyncio.gather(self._persist, return_exceptions=True)
+        # the snapshot is taken here, on the loop; only the disk write leaves it
+        self._persist = asyncio.create_task(
+            asyncio.to_thread(self._save, store.snapshot(self.state, self.plan)))
+
+    def _save(self, doc: dict[str, object] | None = None) -> None:
+        try:
+            store.write_atomic(self.config.leader.state_file,
+                               doc or store.snapshot(self.state, self.plan))
+        except OSError as exc:
+            LOG.error("cannot persist leader state to %s: %s", self.config.leader.state_file,
+                      exc.strerror)
+
+    # --- RPCs ------------------------------------------------------------------
+    async def _reject(self, context: grpc.aio.ServicerContext, rpc: str,
+                      exc: InvalidMessage) -> None:
+        self._on_reject(rpc, exc.field.split("[")[0].split(".")[0])
+        LOG.warning("%s rejected from %s: %s", rpc, context.peer(), exc)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def Report(self, request: lpb.AgentReport,
+                     context: grpc.aio.ServicerContext) -> lpb.ReportAck:
+        try:
+            report = check_report(convert.report_from_pb(request))
+        except InvalidMessage as exc:
+            await self._reject(context, "Report", exc)
+            raise  # abort raised already; keeps type checkers honest
+        live_jobs = sum(1 for j in self.state.jobs.values() if j.expired_at is None)
+        new = {j.job_id for j in report.jobs} - self.state.jobs.keys()
+        if live_jobs + len(new) > self.config.leader.max_jobs:
+            await self._reject(context, "Report", InvalidMessage(
+                "jobs", f"leader.max_jobs ({self.config.leader.max_jobs}) reached"))
+        self._event(*self.state.ingest(report, self.clock()))
+        return lpb.ReportAck(plan_generation=self.plan.generation if self.plan else 0,
+                             agent_timeout_s=self.config.leader.agent_timeout_s)
+
+    async def WatchPlan(self, request: lpb.WatchRequest,
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[lpb.HostPlan]:
+        try:
+            host = check_host_id(request.host_id)
+        except InvalidMessage as exc:
+            await self._reject(context, "WatchPlan", exc)
+            return
+        have = request.have_generation
+        self.watchers += 1
+        try:
+            while True:
+                published = self._published
+                plan = self.plan
+                if plan is not None and plan.generation != have:
+                    yield convert.host_plan_to_pb(plan.for_host(host))
+                    have = plan.generation
+                await published.wait()
+                if self._task is None or self._task.done():
+                    return  # shutting down
+        finally:
+            self.watchers -= 1
+
+    async def Status(self, request: lpb.StatusRequest,
+                     context: grpc.aio.ServicerContext) -> cpb.ClusterStatus:
+        return cluster_status(self, socket.gethostname())
+
+    async def GetPlan(self, request: lpb.PlanRequest,
+                      context: grpc.aio.ServicerContext) -> cpb.PlanDocument:
+        if self.plan is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no plan yet (no agent reported)")
+            raise AssertionError("unreachable")
+        doc = {"generation": self.plan.generation, "planned_unix_ms": self.plan.planned_unix_ms,
+               "causes": list(self.plan.causes), "topology": self.plan.topology,
+               "plan": self.plan.document}
+        return cpb.PlanDocument(generation=self.plan.generation,
+                                json=json.dumps(doc, allow_nan=False))
+
+
+def load_topology(path: Path | None) -> Topology | None:
+    if path is None:
+        return None
+    from cruxd.scenario.reader import Cursor, load_document
+    from cruxd.scenario.topology import parse_topology
+
+    return parse_topology(Cursor(load_document(path)), path.parent)
+

@@ -1,0 +1,51 @@
+"""The leader's answer to `cruxctl status`: agents, jobs and the last plan."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cruxd import __version__
+from cruxd.control.records import JobAssignment, JobState
+from cruxd.rpc import convert
+from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+
+if TYPE_CHECKING:
+    from cruxd.leader.service import Leader
+
+
+def cluster_status(leader: Leader, hostname: str) -> cpb.ClusterStatus:
+    now = leader.clock()
+    st = leader.state
+    out = cpb.ClusterStatus(schema=convert.SCHEMA, leader_host=hostname,
+                            leader_version=__version__, leader_address=leader.address,
+                            levels=leader.config.leader.levels)
+    for host, rec in sorted(st.agents.items()):
+        inv = rec.inventory
+        out.agents.append(cpb.AgentStatus(
+            host_id=host, version=inv.agent_version, last_report_age_s=now - rec.last_report,
+            addresses=inv.addresses, gpus=inv.gpus, measurement_source=inv.measurement_source,
+            probing_source=inv.probing_source, applied_generation=rec.applied_generation,
+            expired=rec.expired))
+    plan = leader.plan
+    planned = {a.job_id: a for a in plan.jobs} if plan else {}
+    applied: dict[str, tuple[int, int]] = {}  # job -> (qps applied, total) summed over hosts
+    for rec in st.live_agents().values():
+        for j in rec.jobs.values():
+            a, t = applied.get(j.job_id, (0, 0))
+            applied[j.job_id] = (a + j.qps_applied, t + j.qps_total)
+    for jid, rec in sorted(st.jobs.items()):
+        a = planned.get(jid)
+        if rec.expired_at is not None:
+            a = JobAssignment(jid, JobState.EXPIRED, note="no agent reports it")
+        elif a is None:
+            a = JobAssignment(jid, JobState.QUEUED, note="waiting for the next plan")
+        msg = convert.assignment_to_pb(a)
+        msg.qps_applied, msg.qps_total = applied.get(jid, (0, 0))
+        out.jobs.append(msg)
+    if plan is not None:
+        out.plan_generation = plan.generation
+        out.planned_unix_ms = plan.planned_unix_ms
+        out.plan_latency_s = plan.latency_s
+        out.plan_causes.extend(plan.causes)
+        out.topology = plan.topology
+    return out

@@ -1,0 +1,126 @@
+"""Protobuf messages <-> domain records: the only place both kinds meet.
+
+Decoding never trusts the peer: the records it builds still go through
+`cruxd.control.validate` before anything acts on them.
+"""
+
+from __future__ import annotations
+
+from cruxd.control.records import (
+    AgentReport,
+    HostInventory,
+    HostPlan,
+    JobAssignment,
+    JobState,
+    LinkObservation,
+    LocalJob,
+    Measurement,
+    Nic,
+    PathTable,
+    PeerRoute,
+    ProbedPath,
+)
+from cruxd.control.validate import InvalidMessage
+from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
+
+SCHEMA = cpb.SCHEMA_REVISION_CURRENT
+
+
+def measurement_to_pb(m: Measurement) -> cpb.JobMeasurement:
+    return cpb.JobMeasurement(flops_per_iter=m.flops_per_iter, comm_s=m.comm_s,
+                              period_s=m.period_s, compute_s=m.compute_s,
+                              allreduce_bytes=m.allreduce_bytes, source=m.source)
+
+
+def measurement_from_pb(p: cpb.JobMeasurement) -> Measurement:
+    return Measurement(p.flops_per_iter, p.comm_s, p.period_s, p.compute_s,
+                       p.allreduce_bytes, p.source)
+
+
+def local_job_to_pb(j: LocalJob) -> cpb.LocalJob:
+    return cpb.LocalJob(job_id=j.job_id, gpus=j.gpus, node_rank=j.node_rank, nnodes=j.nnodes,
+                        registered_unix_ms=j.registered_unix_ms,
+                        measurement=measurement_to_pb(j.measurement),
+                        qps_applied=j.qps_applied, qps_total=j.qps_total, command=j.command)
+
+
+def local_job_from_pb(p: cpb.LocalJob) -> LocalJob:
+    return LocalJob(p.job_id, p.gpus, p.node_rank, p.nnodes or 1, p.registered_unix_ms,
+                    measurement_from_pb(p.measurement), p.qps_applied, p.qps_total, p.command)
+
+
+def report_to_pb(r: AgentReport) -> lpb.AgentReport:
+    h = r.host
+    return lpb.AgentReport(
+        schema=SCHEMA,
+        host=lpb.HostInventory(
+            host_id=h.host_id, agent_version=h.agent_version, gpus=h.gpus,
+            nics=[lpb.Nic(name=n.name, address=n.address, port=n.port, speed_gbps=n.speed_gbps)
+                  for n in h.nics],
+            measurement_source=h.measurement_source, probing_source=h.probing_source),
+        jobs=[local_job_to_pb(j) for j in r.jobs],
+        paths=[lpb.PathTable(dst_host=t.dst_host,
+                             paths=[lpb.ProbedPath(hops=p.hops, sports=p.sports)
+                                    for p in t.paths]) for t in r.paths],
+        links=[lpb.LinkObservation(link=lk.link, utilization=lk.utilization,
+                                   congestion_events=lk.congestion_events) for lk in r.links],
+        applied_generation=r.applied_generation, seq=r.seq)
+
+
+def report_from_pb(p: lpb.AgentReport) -> AgentReport:
+    check_schema(p.schema)
+    h = p.host
+    inv = HostInventory(h.host_id, h.agent_version, h.gpus,
+                        tuple(Nic(n.name, n.address, n.port, n.speed_gbps) for n in h.nics),
+                        h.measurement_source, h.probing_source)
+    return AgentReport(
+        host=inv,
+        jobs=tuple(local_job_from_pb(j) for j in p.jobs),
+        paths=tuple(PathTable(t.dst_host, tuple(ProbedPath(tuple(x.hops), tuple(x.sports))
+                                                for x in t.paths)) for t in p.paths),
+        links=tuple(LinkObservation(lk.link, lk.utilization, lk.congestion_events)
+                    for lk in p.links),
+        applied_generation=p.applied_generation, seq=p.seq)
+
+
+def check_schema(revision: int) -> None:
+    """Revision 0 is a peer that did not say; newer revisions only add fields."""
+    if revision < 0:
+        raise InvalidMessage("schema", f"unknown schema revision {revision}")
+
+
+def route_to_pb(r: PeerRoute) -> cpb.PeerRoute:
+    return cpb.PeerRoute(peer_host=r.peer_host, peer_addresses=r.peer_addresses, sport=r.sport,
+                         hops=r.hops, nic_port=r.nic_port, src_host=r.src_host)
+
+
+def assignment_to_pb(a: JobAssignment) -> cpb.JobDecision:
+    return cpb.JobDecision(job_id=a.job_id, state=int(a.state), intensity=a.intensity, k=a.k,
+                           rank=a.rank, level=a.level, dscp=a.dscp,
+                           traffic_class=a.traffic_class,
+                           routes=[route_to_pb(r) for r in a.routes], hosts=a.hosts,
+                           gpus=a.gpus, note=a.note)
+
+
+def assignment_from_pb(p: cpb.JobDecision) -> JobAssignment:
+    try:
+        state = JobState(p.state)
+    except ValueError:
+        state = JobState.UNSPECIFIED  # a newer leader's state: keep the decision
+    return JobAssignment(
+        p.job_id, state, p.intensity, p.k, p.rank, p.level, p.dscp, tuple(p.hosts), p.gpus,
+        tuple(PeerRoute(r.src_host, r.peer_host, tuple(r.peer_addresses), r.sport,
+                        tuple(r.hops), r.nic_port) for r in p.routes), p.note)
+
+
+def host_plan_to_pb(hp: HostPlan) -> lpb.HostPlan:
+    return lpb.HostPlan(schema=SCHEMA, generation=hp.generation, host_id=hp.host_id,
+                        planned_unix_ms=hp.planned_unix_ms, levels=hp.levels,
+                        jobs=[assignment_to_pb(a) for a in hp.jobs])
+
+
+def host_plan_from_pb(p: lpb.HostPlan) -> HostPlan:
+    check_schema(p.schema)
+    return HostPlan(p.generation, p.host_id, p.planned_unix_ms, p.levels,
+                    tuple(assignment_from_pb(j) for j in p.jobs))

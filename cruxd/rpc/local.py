@@ -1,0 +1,91 @@
+"""Framing on the agent's Unix socket: a 4-byte big-endian length, then one
+protobuf message (crux.v1.LocalRequest / LocalReply). Async side for the agent,
+blocking client for crux-run and cruxctl (short-lived, one call each)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from pathlib import Path
+
+from cruxd.errors import CruxError
+from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
+from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+
+MAX_FRAME = 4 << 20
+_LEN = struct.Struct(">I")
+
+
+class FrameError(CruxError):
+    """A frame that is too large, truncated, or not the expected message."""
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
+    """The next frame's payload, or None at a clean end of stream."""
+    try:
+        head = await reader.readexactly(_LEN.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise FrameError("connection closed inside a frame header") from None
+    (size,) = _LEN.unpack(head)
+    if size > MAX_FRAME:
+        raise FrameError(f"frame of {size} bytes exceeds the {MAX_FRAME}-byte limit")
+    try:
+        return await reader.readexactly(size)
+    except asyncio.IncompleteReadError:
+        raise FrameError(f"connection closed inside a {size}-byte frame") from None
+
+
+def frame(payload: bytes) -> bytes:
+    if len(payload) > MAX_FRAME:
+        raise FrameError(f"message of {len(payload)} bytes exceeds the {MAX_FRAME}-byte limit")
+    return _LEN.pack(len(payload)) + payload
+
+
+class AgentUnavailable(CruxError):
+    """No agent answers on the socket (not running, or no permission)."""
+
+
+class LocalClient:
+    """One blocking request/reply exchange per call with the local agent."""
+
+    def __init__(self, path: str | Path, timeout: float = 5.0) -> None:
+        self.path = str(path)
+        self.timeout = timeout
+
+    def call(self, request: apb.LocalRequest) -> apb.LocalReply:
+        request.schema = cpb.SCHEMA_REVISION_CURRENT
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(self.timeout)
+                s.connect(self.path)
+                s.sendall(frame(request.SerializeToString()))
+                head = _recv_exact(s, _LEN.size)
+                (size,) = _LEN.unpack(head)
+                if size > MAX_FRAME:
+                    raise FrameError(f"reply of {size} bytes exceeds the limit")
+                reply = apb.LocalReply()
+                reply.ParseFromString(_recv_exact(s, size))
+                return reply
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise AgentUnavailable(f"no crux agent at {self.path} ({exc.strerror})") from None
+        except PermissionError:
+            raise AgentUnavailable(f"no permission to use {self.path} (is this user in the "
+                                   "agent's socket_group?)") from None
+        except TimeoutError:
+            raise AgentUnavailable(f"the agent at {self.path} did not answer in "
+                                   f"{self.timeout:g} s") from None
+        except OSError as exc:
+            raise AgentUnavailable(f"agent socket {self.path}: {exc.strerror or exc}") from None
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise FrameError("the agent closed the connection mid-reply")
+        buf += chunk
+    return bytes(buf)

@@ -1,0 +1,238 @@
+/*
+ * crux_table.h - the decision table: a shared-memory file with one writer (the crux agent,
+ * transport/decision_table.py) and many readers (the shim inside training jobs).
+ *
+ * This header is the source of truth for the layout; the Python mirror checks itself against
+ * the same offsets. See docs/decision-table.md.
+ *
+ * File layout: a 64-byte header at offset 0, then `capacity` entries of 128 bytes, entry i at
+ * offset 64 + i * 128. All integers are in host byte order: the file lives in /run and never
+ * leaves the host, so there is nothing to convert.
+ *
+ * Concurrency: each entry is guarded by its own seqlock (`seq`). The writer makes seq odd,
+ * rewrites the body, makes seq even again; a reader copies the entry and keeps the copy only if
+ * seq was even and unchanged around the copy. Readers never block the writer and never write.
+ * Every failure on the reader side (bad header, torn reads that keep failing) returns -1 so the
+ * caller falls back to the NIC's defaults: fail open, never break the job.
+ *
+ * The body is copied with relaxed 32-bit atomic loads/stores rather than memcpy so the racy copy
+ * is not a data race in the C11 sense; on x86-64 and arm64 it compiles to plain moves.
+ */
+#ifndef CRUX_TABLE_H
+#define CRUX_TABLE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define CRUX_TABLE_MAGIC 0x314C425458555243ULL /* "CRUXTBL1" read as a little-endian u64 */
+#define CRUX_TABLE_VERSION 1
+#define CRUX_TABLE_DEFAULT_PATH "/run/crux/decisions"
+#define CRUX_JOB_ID_LEN 64 /* bytes incl. the terminating NUL: ids are at most 63 bytes */
+
+#define CRUX_TABLE_HEADER_SIZE 64
+#define CRUX_TABLE_ENTRY_SIZE 128
+
+#define CRUX_TABLE_RETIRED 0x1u   /* header.flags: the writer replaced this file, reopen */
+#define CRUX_ENTRY_FREE 0
+#define CRUX_ENTRY_LIVE 1
+#define CRUX_ENTRY_JOB_WIDE 0x1u  /* entry.flags: peer is all zero, the job's defaults */
+
+/* How often a reader retries an entry the writer keeps changing before it gives up (fail
+ * open). The writer holds an entry odd for about a microsecond, so this is generous. */
+#ifndef CRUX_TABLE_READ_TRIES
+#define CRUX_TABLE_READ_TRIES 1024
+#endif
+
+struct crux_table_header {
+    uint64_t magic;           /* CRUX_TABLE_MAGIC */
+    uint32_t version;         /* CRUX_TABLE_VERSION */
+    uint32_t header_size;     /* 64 */
+    uint32_t entry_size;      /* 128 */
+    uint32_t capacity;        /* number of entry slots after the header; fixed at creation */
+    uint64_t generation;      /* bumped by the writer after every batch of changes; readers
+                                 may cache lookups until it moves */
+    uint64_t plan_generation; /* leader plan the table reflects */
+    uint64_t updated_ns;      /* CLOCK_REALTIME of last change */
+    uint32_t writer_pid;
+    uint32_t flags;           /* bit0 CRUX_TABLE_RETIRED; kept at offset 52 in every version */
+    uint32_t used;            /* slots [0, used) may be live; never above capacity */
+    uint8_t reserved[4];
+};
+
+struct crux_table_entry {
+    uint32_t seq;           /* seqlock: odd while the writer changes the entry */
+    uint8_t state;          /* CRUX_ENTRY_FREE or CRUX_ENTRY_LIVE */
+    uint8_t level;          /* priority level */
+    uint8_t dscp;           /* 0..63 */
+    uint8_t traffic_class;  /* IPv6 traffic class / RoCE GRH TC */
+    uint16_t sport;         /* UDP source port, 0 = leave the NIC's choice */
+    uint16_t flags;         /* bit0 CRUX_ENTRY_JOB_WIDE */
+    uint32_t reserved0;
+    uint8_t peer[16];       /* IPv6, or IPv4-mapped ::ffff:a.b.c.d; all zero = job-wide entry */
+    char job_id[CRUX_JOB_ID_LEN]; /* NUL-padded UTF-8 */
+    uint64_t plan_generation;     /* plan this entry came from */
+    uint8_t reserved[24];
+};
+
+#define CRUX__CHECK(type, field, off, size)                                              \
+    _Static_assert(offsetof(struct type, field) == (off), #type "." #field " offset"); \
+    _Static_assert(sizeof(((struct type *)0)->field) == (size), #type "." #field " size")
+
+CRUX__CHECK(crux_table_header, magic, 0, 8);
+CRUX__CHECK(crux_table_header, version, 8, 4);
+CRUX__CHECK(crux_table_header, header_size, 12, 4);
+CRUX__CHECK(crux_table_header, entry_size, 16, 4);
+CRUX__CHECK(crux_table_header, capacity, 20, 4);
+CRUX__CHECK(crux_table_header, generation, 24, 8);
+CRUX__CHECK(crux_table_header, plan_generation, 32, 8);
+CRUX__CHECK(crux_table_header, updated_ns, 40, 8);
+CRUX__CHECK(crux_table_header, writer_pid, 48, 4);
+CRUX__CHECK(crux_table_header, flags, 52, 4);
+CRUX__CHECK(crux_table_header, used, 56, 4);
+CRUX__CHECK(crux_table_header, reserved, 60, 4);
+_Static_assert(sizeof(struct crux_table_header) == CRUX_TABLE_HEADER_SIZE, "header size");
+
+CRUX__CHECK(crux_table_entry, seq, 0, 4);
+CRUX__CHECK(crux_table_entry, state, 4, 1);
+CRUX__CHECK(crux_table_entry, level, 5, 1);
+CRUX__CHECK(crux_table_entry, dscp, 6, 1);
+CRUX__CHECK(crux_table_entry, traffic_class, 7, 1);
+CRUX__CHECK(crux_table_entry, sport, 8, 2);
+CRUX__CHECK(crux_table_entry, flags, 10, 2);
+CRUX__CHECK(crux_table_entry, reserved0, 12, 4);
+CRUX__CHECK(crux_table_entry, peer, 16, 16);
+CRUX__CHECK(crux_table_entry, job_id, 32, 64);
+CRUX__CHECK(crux_table_entry, plan_generation, 96, 8);
+CRUX__CHECK(crux_table_entry, reserved, 104, 24);
+_Static_assert(sizeof(struct crux_table_entry) == CRUX_TABLE_ENTRY_SIZE, "entry size");
+/* The word-wise copies below view the structs as arrays of atomic u32. */
+_Static_assert(sizeof(_Atomic uint32_t) == sizeof(uint32_t), "atomic u32 is a plain u32");
+_Static_assert(sizeof(_Atomic uint64_t) == sizeof(uint64_t), "atomic u64 is a plain u64");
+
+#define CRUX__WORDS (CRUX_TABLE_ENTRY_SIZE / 4)
+
+static inline uint32_t crux__load32(const void *p, memory_order mo)
+{
+    return atomic_load_explicit((const _Atomic uint32_t *)p, mo);
+}
+
+static inline uint64_t crux__load64(const void *p, memory_order mo)
+{
+    return atomic_load_explicit((const _Atomic uint64_t *)p, mo);
+}
+
+/* Header fields the writer changes after creation; the rest are fixed once the file is in
+ * place. `generation` uses acquire so entries read after it are at least that new. */
+static inline uint64_t crux_table_generation(const struct crux_table_header *h)
+{
+    return crux__load64(&h->generation, memory_order_acquire);
+}
+
+static inline int crux_table_retired(const struct crux_table_header *h)
+{
+    return (crux__load32(&h->flags, memory_order_relaxed) & CRUX_TABLE_RETIRED) != 0;
+}
+
+static inline const struct crux_table_entry *crux_table_entries(const void *base)
+{
+    return (const struct crux_table_entry *)((const char *)base + CRUX_TABLE_HEADER_SIZE);
+}
+
+/* 0 if `base` (a mapping of `len` bytes) holds a table this header understands, else -1. */
+static inline int crux_table_validate(const void *base, size_t len)
+{
+    const struct crux_table_header *h = (const struct crux_table_header *)base;
+    if (base == NULL || len < CRUX_TABLE_HEADER_SIZE)
+        return -1;
+    if (h->magic != CRUX_TABLE_MAGIC || h->version != CRUX_TABLE_VERSION)
+        return -1;
+    if (h->header_size != CRUX_TABLE_HEADER_SIZE || h->entry_size != CRUX_TABLE_ENTRY_SIZE)
+        return -1;
+    if ((len - CRUX_TABLE_HEADER_SIZE) / CRUX_TABLE_ENTRY_SIZE < h->capacity)
+        return -1;
+    return 0;
+}
+
+/* Seqlock read of one entry into *out. 0 on a consistent copy, -1 if the writer kept the
+ * entry busy for CRUX_TABLE_READ_TRIES attempts (the caller should fail open). */
+static inline int crux_table_read_entry(const struct crux_table_entry *e,
+                                        struct crux_table_entry *out)
+{
+    const uint32_t *src = (const uint32_t *)e;
+    uint32_t words[CRUX__WORDS]; /* memcpy'd into *out at the end: no type punning on it */
+    for (int tries = 0; tries < CRUX_TABLE_READ_TRIES; tries++) {
+        uint32_t s1 = crux__load32(&e->seq, memory_order_acquire);
+        if (s1 & 1u)
+            continue; /* writer is mid-change */
+        words[0] = s1;
+        for (int i = 1; i < CRUX__WORDS; i++)
+            words[i] = crux__load32(&src[i], memory_order_relaxed);
+        /* Order the body loads before the re-check of seq. */
+        atomic_thread_fence(memory_order_acquire);
+        if (crux__load32(&e->seq, memory_order_relaxed) == s1) {
+            memcpy(out, words, sizeof words);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Find the live entry for (job_id, peer). peer is 16 bytes (IPv6 or IPv4-mapped), or NULL for
+ * the job-wide entry. 0 and *out filled if found; -1 if not found, the table is invalid, the
+ * job id is too long, or an entry stayed torn: in every case the caller fails open. */
+static inline int crux_table_lookup(const void *base, size_t len, const char *job_id,
+                                    const uint8_t peer[16], struct crux_table_entry *out)
+{
+    static const uint8_t zero_peer[16];
+    char want[CRUX_JOB_ID_LEN] = {0};
+    size_t n;
+    if (job_id == NULL || crux_table_validate(base, len) != 0)
+        return -1;
+    n = strlen(job_id);
+    if (n == 0 || n >= CRUX_JOB_ID_LEN)
+        return -1;
+    memcpy(want, job_id, n);
+    if (peer == NULL)
+        peer = zero_peer;
+
+    const struct crux_table_header *h = (const struct crux_table_header *)base;
+    const struct crux_table_entry *entries = crux_table_entries(base);
+    uint32_t used = crux__load32(&h->used, memory_order_acquire);
+    if (used > h->capacity)
+        used = h->capacity;
+    for (uint32_t i = 0; i < used; i++) {
+        struct crux_table_entry e;
+        if (crux_table_read_entry(&entries[i], &e) != 0)
+            continue; /* torn for too long: treat as absent */
+        if (e.state != CRUX_ENTRY_LIVE || memcmp(e.peer, peer, 16) != 0)
+            continue;
+        if (memcmp(e.job_id, want, CRUX_JOB_ID_LEN) != 0)
+            continue;
+        *out = e;
+        return 0;
+    }
+    return -1;
+}
+
+/* Writer side (single writer only): replace entry *e with *val under the seqlock. The seq
+ * of *val is ignored. */
+static inline void crux_table_write_entry(struct crux_table_entry *e,
+                                          const struct crux_table_entry *val)
+{
+    _Atomic uint32_t *seq = (_Atomic uint32_t *)&e->seq;
+    uint32_t s = atomic_load_explicit(seq, memory_order_relaxed);
+    atomic_store_explicit(seq, s + 1, memory_order_relaxed);
+    /* The odd seq must be visible before any body store. */
+    atomic_thread_fence(memory_order_release);
+    uint32_t words[CRUX__WORDS];
+    memcpy(words, val, sizeof words);
+    _Atomic uint32_t *dst = (_Atomic uint32_t *)e;
+    for (int i = 1; i < CRUX__WORDS; i++)
+        atomic_store_explicit(&dst[i], words[i], memory_order_relaxed);
+    /* Body before the even seq. */
+    atomic_store_explicit(seq, s + 2, memory_order_release);
+}
+
+#endif /* CRUX_TABLE_H */

@@ -1,0 +1,103 @@
+"""The decision table: a shared-memory file, one writer (the agent), many readers (the C shim).
+
+This module is the public API. Layout and encoding: transport/table_format.py; the writer:
+transport/table_writer.py; the C side: shim/crux_table.h; the protocol: docs/decision-table.md.
+
+The Python reader's seqlock check (seq, copy, seq again) relies on x86-64 never reordering loads
+with other loads; a weakly ordered CPU would need an acquire fence before the second seq load,
+which only C (crux_table_read_entry) can express.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from transport.table_format import (
+    DEFAULT_PATH,
+    ENTRY_SIZE,
+    HEADER_SIZE,
+    JOB_ID_LEN,
+    MAGIC,
+    READ_TRIES,
+    RETIRED,
+    U32_FLAGS,
+    U32_USED,
+    VERSION,
+    Decision,
+    MappedTable,
+    TableError,
+    TableFullError,
+    TableHeader,
+    open_fd,
+    pack_entry,
+    pack_header,
+    peer_address,
+    unpack_entry,
+    unpack_header,
+)
+from transport.table_writer import TableWriter
+
+__all__ = [
+    "DEFAULT_PATH", "ENTRY_SIZE", "HEADER_SIZE", "JOB_ID_LEN", "MAGIC", "RETIRED", "VERSION",
+    "Decision", "TableError", "TableFullError", "TableHeader", "TableReader", "TableWriter",
+    "pack_entry", "pack_header", "unpack_entry", "unpack_header",
+]
+
+
+class TableReader(MappedTable):
+    """Read-only view for tools and tests; the shim does the same in C (crux_table_lookup).
+
+    Readers fail open: an entry that stays torn for READ_TRIES attempts, or holds garbage, reads
+    as absent."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        p = Path(path)
+        fd = open_fd(p, os.O_RDONLY)
+        size, raw = os.fstat(fd).st_size, os.pread(fd, HEADER_SIZE, 0)
+        if len(raw) < HEADER_SIZE:
+            os.close(fd)
+            raise TableError(f"{p}: truncated, {size} bytes is less than the {HEADER_SIZE}-byte "
+                             "header")
+        header = unpack_header(raw)
+        if (why := header.problem(p, size)) is not None:
+            os.close(fd)
+            raise TableError(why)
+        super().__init__(p, fd, mmap.ACCESS_READ, header.capacity)
+
+    def __enter__(self) -> TableReader:
+        return self
+
+    @property
+    def retired(self) -> bool:
+        """The writer replaced this file: close and open the path again."""
+        self.mm  # noqa: B018  (raises if closed)
+        return bool(self._u32[U32_FLAGS] & RETIRED)
+
+    def read_slot(self, slot: int) -> Decision | None:
+        """Seqlock read of one slot; None if free, garbage or persistently torn."""
+        off, mm, seq = HEADER_SIZE + slot * ENTRY_SIZE, self.mm, self._u32
+        for _ in range(READ_TRIES):
+            s1 = seq[off // 4]
+            if s1 & 1:
+                continue  # writer is mid-change
+            data = mm[off:off + ENTRY_SIZE]
+            if seq[off // 4] == s1:  # loads stay in order on x86-64 (see module doc)
+                try:
+                    return unpack_entry(data)[1]
+                except ValueError:
+                    return None
+        return None
+
+    def _live(self) -> Iterator[Decision]:
+        used = min(int(self._u32[U32_USED]), self.capacity)
+        return (d for d in map(self.read_slot, range(used)) if d is not None)
+
+    def lookup(self, job_id: str, peer: str | None = None) -> Decision | None:
+        key = (job_id, None if peer is None else str(peer_address(peer)))
+        return next((d for d in self._live() if d.key == key), None)
+
+    def snapshot(self) -> list[Decision]:
+        return list(self._live())
