@@ -22,7 +22,7 @@ ENTRY_SIZE = 128
 JOB_ID_LEN = 64  # NUL-padded, so ids are at most 63 bytes
 RETIRED = 0x1  # header flags: the writer replaced this file; reopen the path
 JOB_WIDE = 0x1  # entry flags: peer is all zero
-READ_TRIES = 1000  # seqlock retries before a reader gives up on an entry (fails open)
+READ_TRIES = 1024  # seqlock retries before a reader gives up on an entry (fails open)
 
 # (name, offset, struct code) exactly as in crux_table.h; "x" codes are reserved bytes.
 _HEADER_FIELDS = [
@@ -54,7 +54,8 @@ def _layout(fields: list[tuple[str, int, str]], size: int) -> struct.Struct:
 
 _HEADER = _layout(_HEADER_FIELDS, HEADER_SIZE)
 _ENTRY = _layout(_ENTRY_FIELDS, ENTRY_SIZE)
-# Offsets of the header fields the writer changes in place (native-width stores).
+# Header field offsets, and the indexes of the fields the writer changes in place within
+# native-width (u32 / u64) views of the mapping.
 HEADER_OFFSETS = {name: off for name, off, _ in _HEADER_FIELDS}
 U64_GENERATION, U64_PLAN, U64_UPDATED = (
     HEADER_OFFSETS[f] // 8 for f in ("generation", "plan_generation", "updated_ns"))

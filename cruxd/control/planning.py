@@ -174,4 +174,4 @@ def _addresses(nics: Mapping[str, tuple[Nic, ...]], host: str, port: int | None
                ) -> tuple[str, ...]:
     have = nics.get(host, ())
     same_rail = tuple(n.address for n in have if port is not None and n.port == port)
-    return same_rail or tuple(n.address for n in have)
+    return tuple(n.address for n in have)

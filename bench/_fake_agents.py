@@ -1,0 +1,303 @@
+"""Simulated crux agents for bench/control_plane.py: the workload and the worker processes.
+
+A simulated agent is what a real `cruxd` agent looks like to the leader: one
+WatchPlan stream (opened with the generation it holds), a Report at start, one
+every `report_interval_s` (jittered), and one right after every plan it receives
+(the real agent pokes its report loop when it applies a plan, to tell the leader
+which generation its table holds). Each agent has its own gRPC channel and TCP
+connection (a local subchannel pool), as separate hosts would.
+
+A worker process runs a few hundred of them on one asyncio loop and answers the
+controller's commands over a multiprocessing pipe. Timestamps are
+time.monotonic() (CLOCK_MONOTONIC, system-wide on Linux), so they compare across
+processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+GPUS_PER_HOST = 8
+NICS_PER_HOST = 4
+NIC_GBPS = 100.0
+# hosts a job spans: mostly single-host jobs, as in the traces; multi-host jobs
+# sit on consecutive hosts (a packing scheduler), starting anywhere.
+SPAN_WEIGHTS = {1: 0.55, 2: 0.20, 4: 0.15, 8: 0.10}
+SINGLE_HOST_GPUS = {1: 0.4, 2: 0.3, 4: 0.2, 8: 0.1}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    job_id: str
+    hosts: tuple[int, ...]  # host indices, ring order
+    gpus: int  # per host
+    flops_per_iter: float  # the whole job's W_j
+    compute_s: float
+    allreduce_bytes: float
+
+
+def make_job(rng: random.Random, job_id: str, hosts: tuple[int, ...]) -> JobSpec:
+    gpus = (GPUS_PER_HOST if len(hosts) > 1 else
+            rng.choices(list(SINGLE_HOST_GPUS), list(SINGLE_HOST_GPUS.values()))[0])
+    compute = rng.uniform(0.1, 2.0)
+    # achieved 30-60 % of a 312 TFLOP/s (A100 bf16) GPU during compute
+    flops = len(hosts) * gpus * compute * 312e12 * rng.uniform(0.3, 0.6)
+    nbytes = math.exp(rng.uniform(math.log(1e8), math.log(1e10)))  # 50M-5B fp16 params
+    return JobSpec(job_id, hosts, gpus, flops, compute, nbytes)
+
+
+def make_jobs(n_hosts: int, n_jobs: int, seed: int = 0) -> list[JobSpec]:
+    rng = random.Random(seed)
+    spans = list(SPAN_WEIGHTS)
+    out = []
+    for k in range(n_jobs):
+        span = min(n_hosts, rng.choices(spans, list(SPAN_WEIGHTS.values()))[0])
+        start = rng.randrange(n_hosts)
+        out.append(make_job(rng, f"job{k}", tuple((start + i) % n_hosts for i in range(span))))
+    return out
+
+
+def host_id(i: int) -> str:
+    return f"h{i}"  # the clos2 builder's host names
+
+
+def nic_address(i: int, port: int) -> str:
+    return f"10.{port + 1}.{i >> 8}.{i & 255}"
+
+
+def local_job_pb(spec: JobSpec, host: int, registered_ms: int) -> Any:
+    from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+
+    rank = spec.hosts.index(host)
+    return cpb.LocalJob(
+        job_id=spec.job_id, gpus=spec.gpus, node_rank=rank, nnodes=len(spec.hosts),
+        registered_unix_ms=registered_ms,
+        measurement=cpb.JobMeasurement(flops_per_iter=spec.flops_per_iter / len(spec.hosts),
+                                       compute_s=spec.compute_s,
+                                       allreduce_bytes=spec.allreduce_bytes, source="hints"),
+        command="python train.py")
+
+
+def inventory_pb(i: int) -> Any:
+    from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
+
+    return lpb.HostInventory(
+        host_id=host_id(i), agent_version="bench", gpus=GPUS_PER_HOST,
+        nics=[lpb.Nic(name=f"mlx5_{p}/1", address=nic_address(i, p), port=p,
+                      speed_gbps=NIC_GBPS) for p in range(NICS_PER_HOST)],
+        measurement_source="static (declared hints)", probing_source="none")
+
+
+# --- the worker process ---------------------------------------------------------
+
+PLANNED = (1, 2, 3)  # JobState PROFILING, SCHEDULED, QUEUED: the scheduler placed it
+
+
+@dataclass
+class FakeAgent:
+    index: int
+    jobs: list[Any]  # cpb.LocalJob
+    inventory: Any
+    stub: Any = None
+    channel: Any = None
+    seq: int = 0
+    generation: int = 0
+    gen_time: dict[int, float] = field(default_factory=dict)  # generation -> first seen
+    planned_at: dict[str, tuple[int, float]] = field(default_factory=dict)  # job -> (gen, t)
+    poke: asyncio.Event = field(default_factory=asyncio.Event)
+    reports: int = 0
+    errors: int = 0
+    acked: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def report_pb(self) -> Any:
+        from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+        from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
+
+        self.seq += 1
+        return lpb.AgentReport(schema=cpb.SCHEMA_REVISION_CURRENT, host=self.inventory,
+                               jobs=self.jobs, applied_generation=self.generation,
+                               seq=self.seq)
+
+    async def report(self) -> bool:
+        import grpc
+
+        try:
+            await self.stub.Report(self.report_pb(), timeout=30.0)
+        except grpc.aio.AioRpcError:
+            self.errors += 1
+            return False
+        self.reports += 1
+        self.acked.set()
+        return True
+
+
+class Worker:
+    def __init__(self, address: str, hosts: list[int], jobs: dict[int, list[Any]],
+                 interval_s: float, poke_on_plan: bool) -> None:
+        self.address = address
+        self.agents = [FakeAgent(i, jobs.get(i, []), inventory_pb(i)) for i in hosts]
+        self.by_index = {a.index: a for a in self.agents}
+        self.interval_s = interval_s
+        self.poke_on_plan = poke_on_plan
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def connect(self) -> int:
+        import grpc
+
+        from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
+        from cruxd.rpc.tls import KEEPALIVE
+
+        for a in self.agents:
+            # one TCP connection per simulated host, as separate machines would have
+            a.channel = grpc.aio.insecure_channel(
+                self.address, options=[*KEEPALIVE, ("grpc.use_local_subchannel_pool", 1)])
+            a.stub = lgrpc.LeaderStub(a.channel)
+            self.tasks.append(asyncio.create_task(self._watch(a)))
+            self.tasks.append(asyncio.create_task(self._report_loop(a)))
+        await asyncio.wait_for(asyncio.gather(*(a.acked.wait() for a in self.agents)), 120)
+        return sum(a.reports for a in self.agents)
+
+    async def _watch(self, a: FakeAgent) -> None:
+        import grpc
+
+        from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
+
+        while True:
+            call = a.stub.WatchPlan(lpb.WatchRequest(host_id=host_id(a.index),
+                                                     have_generation=a.generation))
+            try:
+                async for msg in call:
+                    now = time.monotonic()
+                    gen = msg.generation
+                    a.gen_time.setdefault(gen, now)
+                    a.generation = gen
+                    for d in msg.jobs:
+                        if d.state in PLANNED and d.job_id not in a.planned_at:
+                            a.planned_at[d.job_id] = (gen, now)
+                    if self.poke_on_plan:
+                        a.poke.set()
+            except grpc.aio.AioRpcError:
+                a.errors += 1
+            await asyncio.sleep(0.5)
+
+    async def _report_loop(self, a: FakeAgent) -> None:
+        first = True
+        while True:
+            a.poke.clear()
+            await a.report()
+            wait = self.interval_s * (random.uniform(0.0, 1.0) if first else 1.0)
+            first = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(a.poke.wait(), wait)
+
+    async def flood(self, start_at: float, seconds: float) -> dict[str, Any]:
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        end = start_at + seconds
+        before = [(a.reports, a.errors) for a in self.agents]
+
+        async def one(a: FakeAgent) -> None:
+            while time.monotonic() < end:
+                await a.report()
+
+        await asyncio.gather(*(one(a) for a in self.agents))
+        done = time.monotonic()
+        acks = sum(a.reports - r for a, (r, _) in zip(self.agents, before, strict=True))
+        errs = sum(a.errors - e for a, (_, e) in zip(self.agents, before, strict=True))
+        return {"acks": acks, "errors": errs, "end": done}
+
+    async def arrive(self, spec: JobSpec) -> dict[str, Any]:
+        now_ms = int(time.time() * 1000)
+        members = [self.by_index[h] for h in spec.hosts]
+        for a in members:
+            a.jobs = [*a.jobs, local_job_pb(spec, a.index, now_ms)]
+        t0 = time.monotonic()
+        ok = await asyncio.gather(*(a.report() for a in members))
+        return {"t0": t0, "acked": time.monotonic(), "ok": all(ok)}
+
+    async def wait_planned(self, job_id: str, hosts: list[int], timeout: float
+                           ) -> list[tuple[int, float]] | None:
+        end = time.monotonic() + timeout
+        members = [self.by_index[h] for h in hosts]
+        while not all(job_id in a.planned_at for a in members):
+            if time.monotonic() > end:
+                return None
+            await asyncio.sleep(0.005)
+        return [a.planned_at[job_id] for a in members]
+
+    async def wait_generation(self, gen: int, timeout: float) -> list[float] | None:
+        """Per agent: when it first held a generation >= gen."""
+        end = time.monotonic() + timeout
+        while not all(a.generation >= gen for a in self.agents):
+            if time.monotonic() > end:
+                return None
+            await asyncio.sleep(0.005)
+        return [min(t for g, t in a.gen_time.items() if g >= gen) for a in self.agents]
+
+    def generations(self) -> list[int]:
+        return [a.generation for a in self.agents]
+
+    async def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*(a.channel.close() for a in self.agents if a.channel),
+                             return_exceptions=True)
+
+
+def worker_main(conn: Connection, address: str, hosts: list[int], n_hosts: int, n_jobs: int,
+                seed: int, interval_s: float, poke_on_plan: bool) -> None:
+    """Entry point of a worker process (multiprocessing, spawn)."""
+    import ctypes
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller stops us
+    with contextlib.suppress(OSError, AttributeError):  # die with the controller
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    asyncio.run(_serve(conn, address, hosts, n_hosts, n_jobs, seed, interval_s, poke_on_plan))
+
+
+async def _serve(conn: Connection, address: str, hosts: list[int], n_hosts: int, n_jobs: int,
+                 seed: int, interval_s: float, poke_on_plan: bool) -> None:
+    mine = set(hosts)
+    now_ms = int(time.time() * 1000)
+    jobs: dict[int, list[Any]] = {}
+    for spec in make_jobs(n_hosts, n_jobs, seed):
+        for h in spec.hosts:
+            if h in mine:
+                jobs.setdefault(h, []).append(local_job_pb(spec, h, now_ms))
+    worker = Worker(address, hosts, jobs, interval_s, poke_on_plan)
+    loop = asyncio.get_running_loop()
+    conn.send(("ready", None))
+    try:
+        while True:
+            cmd, arg = await loop.run_in_executor(None, conn.recv)
+            if cmd == "stop":
+                break
+            try:
+                if cmd == "connect":
+                    res: Any = await worker.connect()
+                elif cmd == "generations":
+                    res = worker.generations()
+                elif cmd == "flood":
+                    res = await worker.flood(*arg)
+                elif cmd == "arrive":
+                    res = await worker.arrive(arg)
+                elif cmd == "wait_planned":
+                    res = await worker.wait_planned(*arg)
+                elif cmd == "wait_generation":
+                    res = await worker.wait_generation(*arg)
+                else:
+                    raise ValueError(f"unknown command {cmd!r}")
+                conn.send(("ok", res))
+            except Exception as exc:  # tell the controller, keep serving
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        await worker.close()
+        conn.send(("stopped", None))

@@ -1,0 +1,133 @@
+"""The control plane end to end: a leader and four agents as separate processes on
+loopback, jobs registered through the agents' Unix sockets by crux-run.
+
+Proves the plan reaches every agent's decision table, `cruxctl status --json`
+shows it, a killed and restarted leader resumes the same plan from its state
+file while agents keep their tables, and a job's exit removes it everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemons import Daemon, crux_run, free_port, status, wait_for
+from transport.decision_table import Decision, TableReader
+
+pytestmark = pytest.mark.slow
+
+HOSTS = ["h0", "h1", "h2", "h3"]
+ADDR = {h: f"10.0.0.{i + 1}" for i, h in enumerate(HOSTS)}
+# Same measurements per host; "big" has 40x the compute per byte of "small".
+BIG = ("--gpus", "8", "--nnodes", "2", "--flops-per-iter", "4e15", "--compute-s", "0.5",
+       "--allreduce-bytes", "1e9")
+SMALL = ("--gpus", "8", "--nnodes", "2", "--flops-per-iter", "1e14", "--compute-s", "0.5",
+         "--allreduce-bytes", "1e9")
+
+
+def table(d: Daemon) -> tuple[int, dict[tuple[str, str | None], Decision]]:
+    with TableReader(d.table) as t:
+        return t.header().plan_generation, {x.key: x for x in t.snapshot()}
+
+
+def jobs_in(d: Daemon) -> set[str]:
+    return {job for job, _ in table(d)[1]}
+
+
+@pytest.fixture
+def rig(tmp_path: Path):
+    topo = tmp_path / "fabric.json"
+    topo.write_text(json.dumps({"builder": "clos2", "tors": 2, "aggs": 2, "hosts_per_tor": 2,
+                                "nics_per_host": 1}))
+    port = free_port()
+    leader = Daemon(tmp_path, "leader", {
+        "daemon": {"roles": ["leader"]},
+        "leader": {"listen": f"127.0.0.1:{port}", "topology": str(topo), "profiling_s": 0,
+                   "agent_timeout_s": 5.0, "debounce_ms": 20, "levels": 4}})
+    agents = [Daemon(tmp_path, h, {
+        "daemon": {"roles": ["agent"]},
+        "agent": {"leader": f"127.0.0.1:{port}", "addresses": [ADDR[h]], "gpus": 8,
+                  "report_interval_s": 0.5, "reconnect_max_s": 1.0}}) for h in HOSTS]
+    jobs: list[Any] = []
+    try:
+        leader.start().wait_log("leader listening")
+        for a in agents:
+            a.start()
+        for a in agents:
+            a.wait_log(" applied: ")
+        yield leader, {a.name: a for a in agents}, jobs
+    finally:
+        for j in jobs:
+            if j.poll() is None:
+                j.kill()
+                j.wait()
+        codes = {d.name: d.stop() for d in [*agents, leader]}
+        assert all(rc == 0 for rc in codes.values()), codes
+
+
+def test_plan_reaches_tables_survives_leader_restart_and_drops_ended_jobs(rig) -> None:
+    leader, agents, jobs = rig
+    for rank, host in enumerate(["h0", "h1"]):
+        jobs.append(crux_run(agents[host].socket, "big", "--node-rank", str(rank), *BIG))
+    small = [crux_run(agents[h].socket, "small", "--node-rank", str(r), *SMALL)
+             for r, h in enumerate(["h2", "h3"])]
+    jobs.extend(small)
+
+    for host, job in [("h0", "big"), ("h1", "big"), ("h2", "small"), ("h3", "small")]:
+        wait_for(f"{job} in {host}'s table", lambda h=host, j=job: j in jobs_in(agents[h]))
+    gen, h0 = table(agents["h0"])
+    _, h2 = table(agents["h2"])
+    big, small_d = h0[("big", None)], h2[("small", None)]
+    assert big.level > small_d.level, "the more GPU-intensive job gets the higher level"
+    assert big.traffic_class == big.dscp << 2
+    # the ring's h0 -> h1 hop: an entry keyed by h1's address
+    assert ("big", ADDR["h1"]) in h0
+    assert all(d.plan_generation == gen for d in h0.values())
+
+    doc = status(agents["h0"].socket)
+    cluster = doc["cluster"]
+    assert doc["agent"]["leader_reachable"] is True
+    assert sorted(a["host_id"] for a in cluster["agents"]) == HOSTS
+    by_id = {j["job_id"]: j for j in cluster["jobs"]}
+    assert by_id["big"]["state"] == "JOB_STATE_SCHEDULED"
+    assert by_id["big"]["hosts"] == ["h0", "h1"]
+    assert by_id["big"]["level"] == big.level and by_id["big"]["dscp"] == big.dscp
+    assert int(cluster["plan_generation"]) >= gen
+    assert {r["peer_host"] for r in by_id["big"]["routes"]} == {"h0", "h1"}
+
+    # kill the leader hard: agents keep their tables
+    before = {h: table(a) for h, a in agents.items()}
+    leader.stop(signal.SIGKILL)
+    agents["h0"].wait_log("UNAVAILABLE")
+    assert {h: table(a) for h, a in agents.items()} == before
+    down = status(agents["h0"].socket)
+    assert down["agent"]["leader_reachable"] is False and down["cluster"] is None
+
+    # restart: the same plan comes back from the state file, no agent table changes
+    leader.start().wait_log("resumed plan generation")
+    wait_for("agents to report to the restarted leader", lambda: len(
+        status(agents["h1"].socket)["cluster"]["agents"] or []) == 4
+        if status(agents["h1"].socket)["cluster"] else False)
+    for h in HOSTS:
+        agents[h].wait_log("reachable")
+    after = status(agents["h2"].socket)["cluster"]
+    assert int(after["plan_generation"]) == max(g for g, _ in before.values())
+    assert {h: table(a) for h, a in agents.items()} == before
+
+    # the small job ends on both hosts: gone from the plan and the tables
+    for p in small:
+        p.terminate()
+        p.wait()
+    for h in ("h2", "h3"):
+        wait_for(f"small to leave {h}'s table", lambda h=h: "small" not in jobs_in(agents[h]))
+    def small_gone() -> bool:
+        jobs_now = {j["job_id"]: j for j in status(agents["h0"].socket)["cluster"]["jobs"]}
+        return "small" not in jobs_now or jobs_now["small"]["state"] == "JOB_STATE_EXPIRED"
+    wait_for("small to leave the plan", small_gone)
+    assert "big" in jobs_in(agents["h0"])
+    log = leader.log_text()
+    assert "job ended: small" in log
