@@ -114,7 +114,12 @@ class FakeAgent:
     poke: asyncio.Event = field(default_factory=asyncio.Event)
     reports: int = 0
     errors: int = 0
+    codes: dict[str, int] = field(default_factory=dict)  # failed RPCs by status code
     acked: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def fail(self, what: str) -> None:
+        self.errors += 1
+        self.codes[what] = self.codes.get(what, 0) + 1
 
     def report_pb(self) -> Any:
         from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
@@ -130,8 +135,8 @@ class FakeAgent:
 
         try:
             await self.stub.Report(self.report_pb(), timeout=30.0)
-        except grpc.aio.AioRpcError:
-            self.errors += 1
+        except grpc.aio.AioRpcError as exc:
+            self.fail(f"Report {exc.code().name}: {exc.details()}")
             return False
         self.reports += 1
         self.acked.set()
@@ -183,8 +188,8 @@ class Worker:
                             a.planned_at[d.job_id] = (gen, now)
                     if self.poke_on_plan:
                         a.poke.set()
-            except grpc.aio.AioRpcError:
-                a.errors += 1
+            except grpc.aio.AioRpcError as exc:
+                a.fail(f"WatchPlan {exc.code().name}")
             await asyncio.sleep(0.5)
 
     async def _report_loop(self, a: FakeAgent) -> None:
@@ -243,6 +248,13 @@ class Worker:
     def generations(self) -> list[int]:
         return [a.generation for a in self.agents]
 
+    def errors(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self.agents:
+            for k, v in a.codes.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
     async def close(self) -> None:
         for t in self.tasks:
             t.cancel()
@@ -285,6 +297,8 @@ async def _serve(conn: Connection, address: str, hosts: list[int], n_hosts: int,
                     res: Any = await worker.connect()
                 elif cmd == "generations":
                     res = worker.generations()
+                elif cmd == "errors":
+                    res = worker.errors()
                 elif cmd == "flood":
                     res = await worker.flood(*arg)
                 elif cmd == "arrive":

@@ -81,6 +81,7 @@ AGGS = 16
 TICK = os.sysconf("SC_CLK_TCK")
 BIN = Path(sys.executable).parent
 TARGET_ALL_S = 1.0
+SCHEDULED = (1, 2)  # JobState PROFILING, SCHEDULED (status shows QUEUED: not in the plan yet)
 TARGET_AGENT_CPU = 1.0  # % of a core
 TARGET_AGENT_RSS_MB = 60.0
 
@@ -263,18 +264,18 @@ def cpu_window(pids: Sequence[int]) -> Iterator[dict[str, float]]:
 
 # --- phases -----------------------------------------------------------------------
 
-def wait_steady(b: Bench, quiet_s: float = 2.0, timeout: float = 300) -> int:
-    """Every agent holds the same generation and nothing changed for `quiet_s`."""
+def wait_steady(b: Bench, timeout: float = 300) -> Any:
+    """The leader's plan has every job it knows planned (none waiting for a plan or for
+    its other hosts) and every agent holds that plan's generation. Returns the status."""
     end = time.monotonic() + timeout
-    last, since = -1, time.monotonic()
     while time.monotonic() < end:
         gens = b.generations()
-        g = gens[0] if gens and min(gens) == max(gens) else -1
-        if g != last:
-            last, since = g, time.monotonic()
-        elif g > 0 and time.monotonic() - since >= quiet_s:
-            return g
-        time.sleep(0.25)
+        if gens and min(gens) == max(gens) > 0:
+            st = b.status()
+            if (st.plan_generation == gens[0] and len(st.agents) >= b.args.agents
+                    and all(j.state in SCHEDULED for j in st.jobs)):
+                return st
+        time.sleep(0.5)
     raise RuntimeError(f"no steady state in {timeout:g} s (generations "
                        f"{min(b.generations())}..{max(b.generations())})")
 
@@ -285,13 +286,11 @@ def phase_steady(b: Bench, specs: list[JobSpec]) -> dict[str, Any]:
     with cpu_window([b.leader.pid]) as lcpu:
         b.ask(b.all_workers(), "connect")
         connected = time.monotonic() - t0
-        gen = wait_steady(b)
+        st = wait_steady(b)
         steady = time.monotonic() - t0
-    st = b.status()
-    planned = sum(1 for j in st.jobs if j.state in (1, 2, 3))
     flows = sum(len(s.hosts) * NICS_PER_HOST for s in specs if len(s.hosts) > 1)
-    return {"connected_s": connected, "steady_s": steady - 2.0, "generation": gen,
-            "leader_cpu": lcpu, "plan_jobs": len(st.jobs), "planned": planned,
+    return {"connected_s": connected, "steady_s": steady, "generation": st.plan_generation,
+            "leader_cpu": lcpu, "plan_jobs": len(st.jobs),
             "plan_latency_s": st.plan_latency_s, "agents": len(st.agents), "flows": flows,
             "mem": mem_mb(b.leader.pid)}
 
@@ -468,7 +467,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"# python {platform.python_version()}, grpcio {grpc.__version__}, "
           f"{platform.machine()} x{os.cpu_count()}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
     print(f"# NOTE: the leader, {args.workers} agent worker processes and the real agent "
-          f"share {os.cpu_count()} CPU cores: client-side load competes with the leader.")
+          f"share {os.cpu_count()} CPU cores: client-side load competes with the leader.",
+          flush=True)
     started = time.monotonic()
     specs = make_jobs(args.agents, args.jobs, args.seed)
     parts = sum(len(s.hosts) for s in specs)
@@ -491,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               file=sys.stderr, flush=True)
         ing = phase_ingest(b, flood_s)
         print(f"    ... ingestion {ing['rate']:.0f} reports/s", file=sys.stderr, flush=True)
-        wait_steady(b, quiet_s=1.0)
+        wait_steady(b)
         lat = phase_latency(b, ranges, arrivals, args.seed, gap_s)
         mem_loaded = mem_mb(b.leader.pid)
         agent = phase_agent(b, window_s)
@@ -515,7 +515,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         ["GPUs the jobs declare (fabric has)", f"{gpus} ({8 * n_hosts}) *"],
         ["inter-host ring flows", s["flows"]],
         ["agents / jobs in the leader's status", f"{s['agents']} / {s['plan_jobs']}"],
-        ["jobs planned (scheduled)", s["planned"]],
         ["all Reports acked after", f"{s['connected_s']:.1f} s"],
         ["steady state (every agent on the last plan) after", f"{s['steady_s']:.1f} s"],
         ["plans (generations) until then", s["generation"]],

@@ -78,7 +78,10 @@ class LeaderLink:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._channel is not None:
-            await self._channel.close()
+            try:
+                await asyncio.wait_for(self._channel.close(grace=None), 2.0)
+            except TimeoutError:
+                LOG.warning("closing the channel to the leader timed out")
 
     def poke(self) -> None:
         """Report now (a job arrived or left)."""

@@ -47,7 +47,7 @@ class PublishedPlan:
     latency_s: float = 0.0
     topology: str = ""
     document: dict[str, Any] | None = None  # Plan.to_dict() of the scheduler's plan
-    _per_host: dict[str, HostPlan] = field(default_factory=dict, repr=False)
+    _per_host: dict[str, HostPlan] = field(default_factory=dict, repr=False, compare=False)
 
     def for_host(self, host: str) -> HostPlan:
         hp = self._per_host.get(host)
@@ -174,4 +174,4 @@ def _addresses(nics: Mapping[str, tuple[Nic, ...]], host: str, port: int | None
                ) -> tuple[str, ...]:
     have = nics.get(host, ())
     same_rail = tuple(n.address for n in have if port is not None and n.port == port)
-    return tuple(n.address for n in have)
+    return same_rail or tuple(n.address for n in have)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import signal
+from collections.abc import Awaitable
 from pathlib import Path
 
 import grpc
@@ -151,14 +153,22 @@ class Daemon:
         LOG.info("stopping")
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
+        # each step is bounded: a stuck peer must not keep the daemon from exiting
         if self.agent is not None:
-            await self.agent.stop()
+            await _bounded(self.agent.stop(), "agent")
         if self.leader is not None:
-            await self.leader.stop()
+            await _bounded(self.leader.stop(), "leader")
         if self.server is not None:
-            await self.server.stop(GRACE_S)
+            await _bounded(self.server.stop(GRACE_S), "gRPC server", GRACE_S + 1)
         self.metrics.close()
         LOG.info("stopped")
+
+
+async def _bounded(step: Awaitable[object], what: str, timeout: float = GRACE_S) -> None:
+    try:
+        await asyncio.wait_for(step, timeout)
+    except TimeoutError:
+        LOG.error("stopping the %s took over %g s; going on without it", what, timeout)
 
 
 async def serve(config: Config, path: Path | None, notifier: Notifier) -> int:
@@ -167,6 +177,7 @@ async def serve(config: Config, path: Path | None, notifier: Notifier) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.stop_event.set)
     loop.add_signal_handler(signal.SIGHUP, daemon.reload_event.set)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks to stderr, for hangs
     try:
         return await daemon.run()
     except BaseException:
