@@ -97,6 +97,7 @@ def inventory_pb(i: int) -> Any:
 
 # --- the worker process ---------------------------------------------------------
 
+ERROR_TIMES: list[float] = []
 PLANNED = (1, 2, 3)  # JobState PROFILING, SCHEDULED, QUEUED: the scheduler placed it
 
 
@@ -120,6 +121,7 @@ class FakeAgent:
     def fail(self, what: str) -> None:
         self.errors += 1
         self.codes[what] = self.codes.get(what, 0) + 1
+        ERROR_TIMES.append(time.monotonic())
 
     def report_pb(self) -> Any:
         from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
@@ -136,7 +138,7 @@ class FakeAgent:
         try:
             await self.stub.Report(self.report_pb(), timeout=30.0)
         except grpc.aio.AioRpcError as exc:
-            self.fail(f"Report {exc.code().name}: {exc.details()}")
+            self.fail(f"Report {exc.code().name}: {exc.details()} {exc.debug_error_string()[:160]}")
             return False
         self.reports += 1
         self.acked.set()
@@ -299,6 +301,8 @@ async def _serve(conn: Connection, address: str, hosts: list[int], n_hosts: int,
                     res = worker.generations()
                 elif cmd == "errors":
                     res = worker.errors()
+                elif cmd == "error_times":
+                    res = ERROR_TIMES
                 elif cmd == "flood":
                     res = await worker.flood(*arg)
                 elif cmd == "arrive":

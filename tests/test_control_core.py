@@ -306,6 +306,17 @@ def test_measurement_change_threshold(before: float, after: float, material: boo
         assert causes == (["measurement changed: a on h0"] if material else []), name
 
 
+def test_slow_drift_adds_up_to_a_replan() -> None:
+    """Steps below the threshold are judged against the figures of the last change:
+    +5 %, +5 % (10.25 % in all) re-plans on the second step, then the base moves."""
+    s = cluster()
+    s.ingest(report("h0", job(m=Measurement(comm_s=1.0))), 0)
+    assert s.ingest(report("h0", job(m=Measurement(comm_s=1.05))), 1) == []
+    assert s.ingest(report("h0", job(m=Measurement(comm_s=1.1025))), 2) == [
+        "measurement changed: a on h0"]
+    assert s.ingest(report("h0", job(m=Measurement(comm_s=1.15))), 3) == []
+
+
 def test_shape_change_is_material() -> None:
     """A job's GPU count or ring position changing is a material change."""
     s = cluster()

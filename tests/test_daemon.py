@@ -236,7 +236,7 @@ def _ask_as_nobody(sock: Path) -> str:
             r = LocalClient(sock).call(apb.LocalRequest(jobs=apb.ListJobsRequest()))
             os.write(write, f"{r.error.code} {r.error.message}".encode())
             code = 0
-        except BaseException as exc:  # noqa: BLE001 - reported through the pipe
+        except BaseException as exc:  # reported through the pipe
             os.write(write, repr(exc).encode())
         finally:
             os._exit(code)

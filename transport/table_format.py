@@ -174,7 +174,7 @@ def pack_header(h: TableHeader) -> bytes:
                         h.used)
 
 
-def unpack_header(data: bytes) -> TableHeader:
+def unpack_header(data: bytes | mmap.mmap) -> TableHeader:
     (magic, version, header_size, entry_size, capacity, generation, plan_generation, updated_ns,
      writer_pid, flags, used) = _HEADER.unpack_from(data)
     return TableHeader(capacity, generation, plan_generation, updated_ns, writer_pid, flags, used,

@@ -33,6 +33,9 @@ class AgentRecord:
     last_report: float = 0.0
     applied_generation: int = 0
     expired: bool = False
+    # measurements as of the last material change: drift is judged against these,
+    # so many small steps still add up to a re-plan
+    baseline: dict[str, Measurement] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,11 +90,19 @@ class ClusterState:
                 causes.append(f"job grew: {jid} on {host}")
         for jid in sorted(before.keys() - new_jobs.keys()):
             causes.append(f"job left host: {jid} on {host}")
-        for jid in sorted(before.keys() & new_jobs.keys()):
-            if self._material(before[jid], new_jobs[jid]):
-                causes.append(f"measurement changed: {jid} on {host}")
+        base = old.baseline if old is not None and not old.expired else {}
+        baseline = {}
+        for jid, job in new_jobs.items():
+            ref = base.get(jid)
+            if jid in before and ref is not None:
+                if self._material(before[jid], ref, job):
+                    causes.append(f"measurement changed: {jid} on {host}")
+                else:
+                    baseline[jid] = ref
+                    continue
+            baseline[jid] = job.measurement
         self.agents[host] = AgentRecord(report.host, new_jobs, paths, report.links, now,
-                                        report.applied_generation)
+                                        report.applied_generation, baseline=baseline)
         causes += self._settle_jobs(now)
         return causes
 
@@ -166,10 +177,11 @@ class ClusterState:
         return out
 
     # --- internals ---------------------------------------------------------
-    def _material(self, a: LocalJob, b: LocalJob) -> bool:
+    def _material(self, a: LocalJob, ma: Measurement, b: LocalJob) -> bool:
+        """Job `a` (last report; its measurement as of the last change: `ma`) -> `b`."""
         if (a.gpus, a.node_rank, a.nnodes) != (b.gpus, b.node_rank, b.nnodes):
             return True
-        ma, mb = a.measurement, b.measurement
+        mb = b.measurement
         for name in ("flops_per_iter", "comm_s", "period_s", "compute_s", "allreduce_bytes"):
             x, y = getattr(ma, name), getattr(mb, name)
             if (x == 0) != (y == 0):

@@ -39,7 +39,7 @@ def from_dict(cls: Any, data: Any, where: str = "$") -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return from_dict(inner[0], data, where)
-    if dataclasses.is_dataclass(cls):
+    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected an object for {cls.__name__}")
         hints = typing.get_type_hints(cls)
