@@ -52,7 +52,6 @@ path_table = ""
 addresses = ["10.0.0.1", "fd00:0:0::2"]
 gpus = 0
 reconnect_max_s = 3600
-job_grace_s = 0.5
 
 [leader]
 listen = "[::]:0"
@@ -107,7 +106,7 @@ def test_embedded_default_for_a_user() -> None:
     assert (a.table_capacity, a.accept_job_hints, a.gpus) == (4096, True, None)
     assert (a.measurement, a.measurement_file, a.probing, a.path_table) == \
         ("static", None, "static", None)
-    assert (a.addresses, a.reconnect_max_s, a.job_grace_s) == ((), 30.0, 10.0)
+    assert (a.addresses, a.reconnect_max_s) == ((), 30.0)
     ld = c.leader
     assert (ld.listen, ld.topology, ld.levels, ld.dscp) == ("127.0.0.1:7470", None, 5, None)
     assert (ld.agent_timeout_s, ld.debounce_ms, ld.profiling_s) == (30.0, 50.0, 30.0)
@@ -163,7 +162,7 @@ def test_every_section_parses() -> None:
     assert (a.measurement, a.measurement_file) == ("replay", Path("/srv/crux/replay.json"))
     assert (a.probing, a.path_table, a.gpus) == ("none", None, 0)
     assert a.addresses == ("10.0.0.1", "fd00::2")  # normalised
-    assert (a.reconnect_max_s, a.job_grace_s) == (3600.0, 0.5)
+    assert a.reconnect_max_s == 3600.0
     ld = c.leader
     assert (ld.listen, ld.topology) == ("[::]:0", Path("/srv/crux/fabric.YAML"))
     assert (ld.levels, ld.dscp, ld.agent_timeout_s) == (2, (10, 20), 1.0)

@@ -3,7 +3,8 @@ loopback, jobs registered through the agents' Unix sockets by crux-run.
 
 Proves the plan reaches every agent's decision table, `cruxctl status --json`
 shows it, a killed and restarted leader resumes the same plan from its state
-file while agents keep their tables, and a job's exit removes it everywhere.
+file while agents keep their tables, a job's exit removes it everywhere, and a
+restarted agent keeps the jobs still running on its host.
 """
 
 from __future__ import annotations
@@ -131,3 +132,13 @@ def test_plan_reaches_tables_survives_leader_restart_and_drops_ended_jobs(rig) -
     assert "big" in jobs_in(agents["h0"])
     log = leader.log_text()
     assert "job ended: small" in log
+
+    # an agent restart keeps the running job: registration, table entries, plan
+    h0_before = table(agents["h0"])
+    assert agents["h0"].stop() == 0
+    assert table(agents["h0"]) == h0_before, "the table outlives the agent"
+    agents["h0"].start().wait_log("job big kept across the restart")
+    agents["h0"].wait_log("leader 127.0.0.1")
+    wait_for("h0 reporting again", lambda: status(agents["h0"].socket)["cluster"] is not None)
+    assert "job ended: big" not in leader.log_text()
+    assert "big" in jobs_in(agents["h0"])

@@ -3,8 +3,10 @@ and writes the leader's decisions for this host into the decision table."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from pathlib import Path
 
 from cruxd import __version__
 from cruxd.agent.inventory import discover_nics, gpu_count
@@ -20,9 +22,11 @@ from cruxd.agent.sources import (
     StaticPaths,
 )
 from cruxd.agent.uplink import LeaderLink
-from cruxd.control.records import AgentReport, HostInventory, HostPlan, LocalJob
+from cruxd.control.codec import from_dict, to_dict
+from cruxd.control.records import AgentReport, HostInventory, HostPlan, LocalJob, Measurement
 from cruxd.control.validate import InvalidMessage, check_host_plan, check_local_job
 from cruxd.daemon.config_model import Config
+from cruxd.daemon.statefile import write_atomic
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
@@ -32,6 +36,7 @@ LOG = logging.getLogger(__name__)
 PERMISSION_DENIED = 7
 NOT_FOUND = 5
 UNAVAILABLE = 14
+STATE_FORMAT = "crux-agent-state/1"
 
 
 def plan_decisions(hp: HostPlan) -> list[Decision]:
@@ -68,8 +73,10 @@ class Agent:
                                lambda: self.table.header().plan_generation)
         self.plans_applied = 0
         self.rejected = 0
+        self._restoring = False
 
     async def start(self) -> None:
+        self._restore()
         await self.server.start()
         await self.link.start()
         LOG.info("agent %s: socket %s, table %s, leader %s, %d NIC(s), %d GPU(s)",
@@ -79,6 +86,7 @@ class Agent:
     async def stop(self) -> None:
         await self.server.stop()
         await self.link.stop()
+        self._save()
         self.registry.close()
         self.table.close()  # the file stays: shims keep the last decisions
 
@@ -118,7 +126,48 @@ class Agent:
         LOG.info("job %s %s", job_id, what)
         if what in ("deregistered", "exited"):
             self.table.remove_job(job_id)  # at once: do not wait for the next plan
+        if not self._restoring:
+            self._save()
         self.link.poke()
+
+    # --- state across restarts -------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.config.state_dir / "agent-state.json"
+
+    def _save(self) -> None:
+        doc = {"format": STATE_FORMAT, "jobs": [
+            {"job": to_dict(job), "hints": to_dict(hints), "owners": owners}
+            for job, hints, owners in self.registry.snapshot()]}
+        try:
+            write_atomic(self.state_file, doc)
+        except OSError as exc:
+            LOG.error("cannot save agent state to %s: %s", self.state_file, exc.strerror)
+
+    def _restore(self) -> None:
+        """Jobs registered before a restart whose processes still run keep their place
+        (crux-run registers once, so without this a restart would lose them)."""
+        try:
+            doc = json.loads(self.state_file.read_text())
+            saved = [(from_dict(LocalJob, e["job"]), from_dict(Measurement, e["hints"]),
+                      [(int(p), None if s is None else int(s)) for p, s in e["owners"]])
+                     for e in doc["jobs"]] if doc.get("format") == STATE_FORMAT else []
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            LOG.error("agent state %s unreadable (%s); starting with no jobs",
+                      self.state_file, exc)
+            return
+        self._restoring = True
+        try:
+            for job, hints, owners in saved:
+                if self.registry.adopt(job, hints, owners):
+                    LOG.info("job %s kept across the restart", job.job_id)
+                else:
+                    self.table.remove_job(job.job_id)  # ended while the agent was down
+        finally:
+            self._restoring = False
+        self._save()
 
     # --- local socket ----------------------------------------------------------
     async def handle(self, req: apb.LocalRequest, cred: PeerCred) -> apb.LocalReply:

@@ -108,6 +108,29 @@ class Registry:
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._jobs
 
+    def snapshot(self) -> list[tuple[LocalJob, Measurement, list[tuple[int, int | None]]]]:
+        """(job, hints, [(owner pid, its start time)]) for the state file."""
+        return [(e.job, e.hints, [(pid, process_start_time(pid)) for pid in e.owners])
+                for _, e in sorted(self._jobs.items())]
+
+    def adopt(self, job: LocalJob, hints: Measurement, owners: list[tuple[int, int | None]]
+              ) -> int:
+        """Re-register a job saved before a restart, for the owners still alive (same pid
+        and start time, so a recycled pid is not mistaken for the job). Returns how many."""
+        alive = 0
+        for pid, started in owners:
+            if started is None or process_start_time(pid) != started:
+                continue
+            try:
+                registered = self.register(job, hints, pid)
+            except ProcessLookupError:
+                continue
+            if alive == 0 and registered.registered_unix_ms != job.registered_unix_ms:
+                self._jobs[job.job_id].job = replace(
+                    registered, registered_unix_ms=job.registered_unix_ms)
+            alive += 1
+        return alive
+
     def close(self) -> None:
         for entry in self._jobs.values():
             for fd in entry.owners.values():

@@ -208,7 +208,6 @@ def _agent(a: Section, runtime_dir: Path) -> AgentConfig:
         addresses=a.addresses("addresses"),
         gpus=None if gpus == -1 else gpus,
         reconnect_max_s=a.number("reconnect_max_s", 30.0, Range(0.1, 3600, lo_open=True)),
-        job_grace_s=a.number("job_grace_s", 10.0, Range(0, 3600, lo_open=True)),
     )
 
 

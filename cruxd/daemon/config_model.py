@@ -39,7 +39,6 @@ class AgentConfig:
     addresses: tuple[str, ...]  # normalised IP texts; () -> discover at run time
     gpus: int | None  # None: detect with NVML
     reconnect_max_s: float
-    job_grace_s: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,11 @@ from typing import Any
 from cruxd.control.cluster import AgentRecord, ClusterState, JobRecord
 from cruxd.control.codec import from_dict, to_dict
 from cruxd.control.planning import PublishedPlan
+from cruxd.daemon.statefile import write_atomic
 
 LOG = logging.getLogger(__name__)
 FORMAT = "crux-leader-state/1"
+__all__ = ["load", "snapshot", "write_atomic"]
 
 
 def snapshot(state: ClusterState, plan: PublishedPlan | None) -> dict[str, Any]:
@@ -29,21 +31,6 @@ def snapshot(state: ClusterState, plan: PublishedPlan | None) -> dict[str, Any]:
         "jobs": {j: to_dict(r) for j, r in state.jobs.items()},
         "plan": to_dict(plan) if plan is not None else None,
     }
-
-
-def write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, separators=(",", ":"), allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def load(path: Path, state: ClusterState, now: float) -> PublishedPlan | None:
