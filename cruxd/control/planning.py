@@ -48,11 +48,17 @@ class PublishedPlan:
     topology: str = ""
     document: dict[str, Any] | None = None  # Plan.to_dict() of the scheduler's plan
     _per_host: dict[str, HostPlan] = field(default_factory=dict, repr=False, compare=False)
+    _by_host: dict[str, list[JobAssignment]] = field(default_factory=dict, repr=False,
+                                                     compare=False)
 
     def for_host(self, host: str) -> HostPlan:
         hp = self._per_host.get(host)
         if hp is None:
-            jobs = tuple(j.for_host(host) for j in self.jobs if host in j.hosts)
+            if not self._by_host and self.jobs:  # one pass over the jobs, not one per host
+                for j in self.jobs:
+                    for h in dict.fromkeys(j.hosts):
+                        self._by_host.setdefault(h, []).append(j)
+            jobs = tuple(j.for_host(host) for j in self._by_host.get(host, ()))
             hp = self._per_host[host] = HostPlan(self.generation, host, self.planned_unix_ms,
                                                  self.levels, jobs)
         return hp
