@@ -33,6 +33,7 @@ from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
 
 LOG = logging.getLogger(__name__)
+PERSIST_DELAY_S = 0.1
 
 
 class Leader(lgrpc.LeaderServicer):
@@ -55,6 +56,7 @@ class Leader(lgrpc.LeaderServicer):
         self._first_event: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._persist: asyncio.Task[None] | None = None
+        self._unsaved = asyncio.Event()
         self.watchers = 0
 
     # --- lifecycle ---------------------------------------------------------
@@ -67,6 +69,7 @@ class Leader(lgrpc.LeaderServicer):
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._planner(), name="planner")
+        self._persist = asyncio.create_task(self._persister(), name="persist")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -74,6 +77,7 @@ class Leader(lgrpc.LeaderServicer):
             await asyncio.gather(self._task, return_exceptions=True)
         self._published.set()  # release streams so the server can drain
         if self._persist is not None:
+            self._persist.cancel()
             await asyncio.gather(self._persist, return_exceptions=True)
         self._save()  # flush: the newest view, even if no plan followed it
 
@@ -132,11 +136,15 @@ class Leader(lgrpc.LeaderServicer):
                  plan.latency_s * 1000, "; ".join(causes[:3]) + (" ..." if len(causes) > 3
                                                                  else ""))
         self._on_plan(plan)
-        if self._persist is not None:
-            await asyncio.gather(self._persist, return_exceptions=True)
-        # the snapshot is taken here, on the loop; only the disk write leaves it
-        self._persist = asyncio.create_task(
-            asyncio.to_thread(self._save, store.snapshot(self.state, self.plan)))
+        self._unsaved.set()
+
+    async def _persister(self) -> None:
+        while True:
+            await self._unsaved.wait()
+            await asyncio.sleep(PERSIST_DELAY_S)  # plan streams go out first
+            self._unsaved.clear()
+            # a consistent snapshot is taken on the loop; only the disk write leaves it
+            await asyncio.to_thread(self._save, store.snapshot(self.state, self.plan))
 
     def _save(self, doc: dict[str, object] | None = None) -> None:
         try:
