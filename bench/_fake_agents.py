@@ -97,7 +97,6 @@ def inventory_pb(i: int) -> Any:
 
 # --- the worker process ---------------------------------------------------------
 
-ERROR_TIMES: list[float] = []
 PLANNED = (1, 2, 3)  # JobState PROFILING, SCHEDULED, QUEUED: the scheduler placed it
 
 
@@ -117,11 +116,11 @@ class FakeAgent:
     errors: int = 0
     codes: dict[str, int] = field(default_factory=dict)  # failed RPCs by status code
     acked: asyncio.Event = field(default_factory=asyncio.Event)
+    acked_since: float = 0.0  # start time of the latest Report acked
 
     def fail(self, what: str) -> None:
         self.errors += 1
         self.codes[what] = self.codes.get(what, 0) + 1
-        ERROR_TIMES.append(time.monotonic())
 
     def report_pb(self) -> Any:
         from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
@@ -135,12 +134,14 @@ class FakeAgent:
     async def report(self) -> bool:
         import grpc
 
+        start = time.monotonic()
         try:
             await self.stub.Report(self.report_pb(), timeout=30.0)
         except grpc.aio.AioRpcError as exc:
-            self.fail(f"Report {exc.code().name}: {exc.details()} {exc.debug_error_string()[:160]}")
+            self.fail(f"Report {exc.code().name}")
             return False
         self.reports += 1
+        self.acked_since = max(self.acked_since, start)
         self.acked.set()
         return True
 
@@ -195,12 +196,18 @@ class Worker:
             await asyncio.sleep(0.5)
 
     async def _report_loop(self, a: FakeAgent) -> None:
+        from cruxd.agent.uplink import Backoff
+
+        backoff = Backoff(30.0)  # the real agent's retry schedule
         first = True
         while True:
             a.poke.clear()
-            await a.report()
-            wait = self.interval_s * (random.uniform(0.0, 1.0) if first else 1.0)
-            first = False
+            if await a.report():
+                backoff.reset()
+                wait = self.interval_s * (random.uniform(0.0, 1.0) if first else 1.0)
+                first = False
+            else:
+                wait = backoff.next()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(a.poke.wait(), wait)
 
@@ -246,6 +253,15 @@ class Worker:
                 return None
             await asyncio.sleep(0.005)
         return [min(t for g, t in a.gen_time.items() if g >= gen) for a in self.agents]
+
+    async def wait_quiet(self, timeout: float) -> bool:
+        """Every agent has had a Report acked that it sent after its latest plan."""
+        end = time.monotonic() + timeout
+        while not all(a.acked_since >= a.gen_time.get(a.generation, 0.0) for a in self.agents):
+            if time.monotonic() > end:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     def generations(self) -> list[int]:
         return [a.generation for a in self.agents]
@@ -301,14 +317,14 @@ async def _serve(conn: Connection, address: str, hosts: list[int], n_hosts: int,
                     res = worker.generations()
                 elif cmd == "errors":
                     res = worker.errors()
-                elif cmd == "error_times":
-                    res = ERROR_TIMES
                 elif cmd == "flood":
                     res = await worker.flood(*arg)
                 elif cmd == "arrive":
                     res = await worker.arrive(arg)
                 elif cmd == "wait_planned":
                     res = await worker.wait_planned(*arg)
+                elif cmd == "wait_quiet":
+                    res = await worker.wait_quiet(arg)
                 elif cmd == "wait_generation":
                     res = await worker.wait_generation(*arg)
                 else:

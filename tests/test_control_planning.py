@@ -162,7 +162,7 @@ def test_measured_t_j_is_enough_for_a_ring() -> None:
 def test_nothing_plannable_has_no_document() -> None:
     """Without a plannable job there is no scheduler document, only UNMEASURED entries."""
     pp = plan_of(state_of(report("h0", LocalJob("nowj", 8))))
-    assert pp.document is None and [a.state for a in pp.jobs] == [JobState.UNMEASURED]
+    assert pp.plan_document() is None and [a.state for a in pp.jobs] == [JobState.UNMEASURED]
 
 
 # --- a small Clos ------------------------------------------------------------
@@ -176,8 +176,9 @@ def test_intensity_orders_levels_and_routes_follow_the_ring() -> None:
     small, big = jobs["small"], jobs["big"]
     assert small.intensity > big.intensity
     assert small.rank < big.rank and small.level > big.level
-    assert pp.topology == "clos2" and pp.document is not None
-    assert {d["job"] for d in pp.document["jobs"]} == {"small", "big"}
+    doc = pp.plan_document()
+    assert pp.topology == "clos2" and doc is not None
+    assert {d["job"] for d in doc["jobs"]} == {"small", "big"}
     for a, ring in ((small, ("h1", "h3")), (big, ("h0", "h2"))):
         assert a.state is JobState.SCHEDULED and a.hosts == ring and a.gpus == 16
         pairs = {(r.src_host, r.peer_host, r.nic_port) for r in a.routes}
@@ -230,7 +231,7 @@ def test_same_inputs_same_assignments() -> None:
                report("h0", ring_job("big", 0, 1e12, 2e9))]
     c = plan_of(state_of(*reports), clos())
     assert a.jobs == b.jobs == c.jobs
-    assert json.dumps(a.document) == json.dumps(c.document)
+    assert json.dumps(a.plan_document()) == json.dumps(c.plan_document())
 
 
 def test_expired_agents_drop_out_of_the_inputs() -> None:

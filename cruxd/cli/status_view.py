@@ -101,7 +101,8 @@ def print_live_plan(console: Console, doc: dict[str, Any]) -> None:
                   f"{'; '.join(doc['causes'][:4]) or '-'}")
     plan = doc.get("plan")
     if not plan:
-        console.print("no job could be planned by the scheduler (see cruxctl status)")
+        console.print(doc.get("note") or "no job could be planned by the scheduler yet "
+                      "(see cruxctl status)")
         return
     t = Table(title=f"jobs ({plan['levels']} levels)", title_justify="left")
     for col in ("rank", "job", "I_j", "k_j", "level", "DSCP"):

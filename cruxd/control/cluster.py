@@ -103,7 +103,13 @@ class ClusterState:
             baseline[jid] = job.measurement
         self.agents[host] = AgentRecord(report.host, new_jobs, paths, report.links, now,
                                         report.applied_generation, baseline=baseline)
-        causes += self._settle_jobs(now)
+        # only jobs that left this host can have ended: no scan of every job per report
+        for jid in sorted(before.keys() - new_jobs.keys()):
+            job = self.jobs.get(jid)
+            if job is not None and job.expired_at is None and not any(
+                    jid in rec.jobs for rec in self.agents.values() if not rec.expired):
+                job.expired_at = now
+                causes.append(f"job ended: {jid}")
         return causes
 
     def expire(self, now: float) -> list[str]:

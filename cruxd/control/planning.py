@@ -46,10 +46,19 @@ class PublishedPlan:
     causes: tuple[str, ...] = ()
     latency_s: float = 0.0
     topology: str = ""
-    document: dict[str, Any] | None = None  # Plan.to_dict() of the scheduler's plan
+    # The scheduler's whole plan (every flow) is large: built only when asked for
+    # (cruxctl plan --live) and never persisted; a restored plan has none until the next.
+    document: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    result: Plan | None = field(default=None, repr=False, compare=False)
     _per_host: dict[str, HostPlan] = field(default_factory=dict, repr=False, compare=False)
     _by_host: dict[str, list[JobAssignment]] = field(default_factory=dict, repr=False,
                                                      compare=False)
+
+    def plan_document(self) -> dict[str, Any] | None:
+        """Plan.to_dict() of the scheduler's plan, built on first use."""
+        if self.document is None and self.result is not None:
+            self.document = self.result.to_dict()
+        return self.document
 
     def for_host(self, host: str) -> HostPlan:
         hp = self._per_host.get(host)
@@ -149,7 +158,7 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
         out.append(a)
     out.sort(key=lambda a: (a.state is not JobState.PROFILING, -a.level, a.rank, a.job_id))
     return PublishedPlan(generation, int(now * 1000), config.levels, tuple(out), causes,
-                         topology=topo.name, document=result.to_dict() if result else None)
+                         topology=topo.name, result=result)
 
 
 def _as_job(m: MergedJob, topo: Topology) -> tuple[Job | None, str]:

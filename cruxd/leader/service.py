@@ -47,6 +47,7 @@ class Leader(lgrpc.LeaderServicer):
         self.clock = clock
         self.state = ClusterState(lc.agent_timeout_s, lc.change_threshold, lc.profiling_s)
         self.plan: PublishedPlan | None = None
+        self.max_jobs = lc.max_jobs  # a restart-only key: a reload does not change it
         self.address = ""
         self._on_plan = on_plan or (lambda p: None)
         self._on_reject = on_reject or (lambda rpc, why: None)
@@ -168,11 +169,12 @@ class Leader(lgrpc.LeaderServicer):
         except InvalidMessage as exc:
             await self._reject(context, "Report", exc)
             raise  # abort raised already; keeps type checkers honest
-        live_jobs = sum(1 for j in self.state.jobs.values() if j.expired_at is None)
         new = {j.job_id for j in report.jobs} - self.state.jobs.keys()
-        if live_jobs + len(new) > self.config.leader.max_jobs:
-            await self._reject(context, "Report", InvalidMessage(
-                "jobs", f"leader.max_jobs ({self.config.leader.max_jobs}) reached"))
+        if new:  # counting is O(jobs): only when the report would add some
+            live_jobs = sum(1 for j in self.state.jobs.values() if j.expired_at is None)
+            if live_jobs + len(new) > self.max_jobs:
+                await self._reject(context, "Report", InvalidMessage(
+                    "jobs", f"leader.max_jobs ({self.max_jobs}) reached"))
         self._event(*self.state.ingest(report, self.clock()))
         return lpb.ReportAck(plan_generation=self.plan.generation if self.plan else 0,
                              agent_timeout_s=self.config.leader.agent_timeout_s)
@@ -210,7 +212,10 @@ class Leader(lgrpc.LeaderServicer):
             raise AssertionError("unreachable")
         doc = {"generation": self.plan.generation, "planned_unix_ms": self.plan.planned_unix_ms,
                "causes": list(self.plan.causes), "topology": self.plan.topology,
-               "plan": self.plan.document}
+               "plan": self.plan.plan_document()}
+        if doc["plan"] is None and self.plan.jobs:
+            doc["note"] = ("the scheduler's full plan is not kept across a leader restart; it "
+                           "returns with the next plan (decisions: cruxctl status)")
         return cpb.PlanDocument(generation=self.plan.generation,
                                 json=json.dumps(doc, allow_nan=False))
 

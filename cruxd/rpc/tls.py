@@ -49,6 +49,10 @@ def channel(address: str, tls: TlsConfig) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(address, creds, options=options)
 
 KEEPALIVE_SERVER = [
+    # every agent reports right after each plan: a 1,000-agent burst would pass gRPC's
+    # default queue of 1,000 pending calls and be cancelled (bench/control_plane.py)
+    ("grpc.server.max_pending_requests", 20_000),
+    ("grpc.server.max_pending_requests_hard_limit", 40_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
