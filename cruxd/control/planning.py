@@ -129,11 +129,14 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     nics = inputs.nics
     decided = {d.job: d for d in result.jobs} if result else {}
     routes: dict[str, list[PeerRoute]] = {}
+    addresses: dict[tuple[str, int | None], tuple[str, ...]] = {}
     for f in result.flows if result else ():
+        peer = addresses.get((f.dst, f.src_port))
+        if peer is None:
+            peer = addresses[(f.dst, f.src_port)] = _addresses(nics, f.dst, f.src_port)
         routes.setdefault(f.job, []).append(PeerRoute(
-            src_host=f.src, peer_host=f.dst, peer_addresses=_addresses(nics, f.dst, f.src_port),
-            sport=f.sport or 0, hops=f.hops,
-            nic_port=f.src_port if f.src_port is not None else -1))
+            src_host=f.src, peer_host=f.dst, peer_addresses=peer, sport=f.sport or 0,
+            hops=f.hops, nic_port=f.src_port if f.src_port is not None else -1))
 
     out = []
     for m in merged:
