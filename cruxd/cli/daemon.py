@@ -64,20 +64,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_config(config: object) -> None:
+    """The resolved configuration as JSON (paths as text, sets sorted)."""
     import dataclasses
     import json
 
     def plain(v: object) -> object:
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
         if isinstance(v, frozenset | set):
             return sorted(map(str, v))
         if isinstance(v, tuple | list):
             return [plain(x) for x in v]
         return v if isinstance(v, int | float | bool | str) or v is None else str(v)
 
-    doc = {f.name: (plain(getattr(config, f.name)) if not dataclasses.is_dataclass(
-        getattr(config, f.name)) else {k: plain(v) for k, v in dataclasses.asdict(
-            getattr(config, f.name)).items()}) for f in dataclasses.fields(config)}  # type: ignore[arg-type]
-    print(json.dumps(doc, indent=2))
+    print(json.dumps(plain(config), indent=2))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,272 @@
+"""The processes of bench/control_plane.py: the real leader (`cruxd`, leader role) with its
+config and clos2 topology files, the simulated agents' worker processes
+(bench/_fake_agents.py), the real agent (`cruxd`, agent role) and its `crux-run` job;
+talking to them, waiting for them to settle, and stopping every one of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import multiprocessing as mp
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from _cp_stats import cpu_s  # bench/ is on sys.path when run as a script
+from _fake_agents import worker_main
+from _workload import NICS_PER_HOST, host_id, nic_address
+
+from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
+from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
+from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
+
+HOSTS_PER_TOR = 16
+AGGS = 16
+BIN = Path(sys.executable).parent
+SCHEDULED = (1, 2)  # JobState PROFILING, SCHEDULED (status shows QUEUED: not in the plan yet)
+
+# Children are started through this launcher: it asks the kernel to SIGTERM them when the
+# benchmark dies (PR_SET_PDEATHSIG, kept across exec), then execs the command. Not a
+# preexec_fn: that makes Popen fork() instead of vfork(), and grpcio >= 1.81 then runs its
+# fork handlers in the child, whose poller can abort on the fds close_fds closes before exec
+# (grpc/grpc#43055: "epoll_wait error: Bad file descriptor", SIGABRT).
+LAUNCHER = ("import ctypes, os, signal, sys; "
+            "ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+            "os.execv(sys.argv[1], sys.argv[1:])")
+
+
+# --- processes --------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def toml_str(p: Path | str) -> str:
+    return json.dumps(str(p))  # a JSON string is a valid TOML basic string
+
+
+class Bench:
+    """Every process the benchmark starts, so that all of them are stopped."""
+
+    def __init__(self, tmp: Path, args: argparse.Namespace) -> None:
+        self.tmp = tmp
+        self.args = args
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.workers: list[tuple[Any, Any]] = []  # (process, connection)
+        self.address = ""
+        self.leader: subprocess.Popen[bytes] | None = None
+        self.channel: grpc.Channel | None = None
+        self.stub: lgrpc.LeaderStub | None = None
+
+    # lifecycle -------------------------------------------------------------------
+    def start_leader(self) -> None:
+        a = self.args
+        hosts = a.agents + 1
+        topo = self.tmp / "topology.json"
+        topo.write_text(json.dumps({"builder": "clos2", "tors": math.ceil(hosts / HOSTS_PER_TOR),
+                                    "aggs": AGGS, "hosts_per_tor": HOSTS_PER_TOR,
+                                    "nics_per_host": NICS_PER_HOST, "nic_gbps": 100}))
+        self.address = f"127.0.0.1:{free_port()}"
+        d = self.tmp / "leader"
+        conf = self.tmp / "leader.toml"
+        conf.write_text(f"""[daemon]
+roles = ["leader"]
+host_id = "leader"
+state_dir = {toml_str(d / "state")}
+runtime_dir = {toml_str(d / "run")}
+log_level = "warning"
+[leader]
+listen = "{self.address}"
+topology = {toml_str(topo)}
+debounce_ms = 50
+profiling_s = 0
+agent_timeout_s = 120
+[metrics]
+listen = ""
+""")
+        self.leader = self._spawn([str(BIN / "cruxd"), "--config", str(conf)], "leader.log")
+        self.channel = grpc.insecure_channel(self.address)
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=30)
+        except grpc.FutureTimeoutError:
+            raise RuntimeError(f"leader did not listen on {self.address}: "
+                               f"{self.log_tail('leader.log')}") from None
+        self.stub = lgrpc.LeaderStub(self.channel)
+
+    def start_agent(self) -> tuple[subprocess.Popen[bytes], Path]:
+        """The real agent on the topology's spare host; returns it and its local socket."""
+        d = self.tmp / "agent"
+        sock = d / "run" / "agent.sock"
+        me = self.args.agents  # the topology's spare host
+        addrs = ", ".join(json.dumps(nic_address(me, p)) for p in range(NICS_PER_HOST))
+        conf = self.tmp / "agent.toml"
+        conf.write_text(f"""[daemon]
+roles = ["agent"]
+host_id = "{host_id(me)}"
+state_dir = {toml_str(d / "state")}
+runtime_dir = {toml_str(d / "run")}
+log_level = "warning"
+[agent]
+leader = "{self.address}"
+addresses = [{addrs}]
+gpus = 8
+socket = {toml_str(sock)}
+decision_table = {toml_str(d / "run" / "decisions")}
+[metrics]
+listen = ""
+""")
+        return self._spawn([str(BIN / "cruxd"), "--config", str(conf)], "agent.log"), sock
+
+    def start_job(self, sock: Path) -> None:
+        """One job registered with the real agent: `crux-run ... -- sleep 600`."""
+        self._spawn([str(BIN / "crux-run"), "--socket", str(sock), "--job-id", "bench-job",
+                     "--gpus", "8", "--flops-per-iter", "1e15", "--allreduce-bytes", "1e9",
+                     "--compute-s", "0.5", "--", "sleep", "600"], "crux-run.log")
+
+    def _spawn(self, cmd: list[str], log: str) -> subprocess.Popen[bytes]:
+        with open(self.tmp / log, "ab") as f:
+            p = subprocess.Popen([sys.executable, "-c", LAUNCHER, *cmd],
+                                 stdout=subprocess.DEVNULL, stderr=f)
+        self.procs.append(p)
+        return p
+
+    def log_tail(self, log: str, n: int = 10) -> str:
+        try:
+            return " | ".join((self.tmp / log).read_text().splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def start_workers(self) -> list[list[int]]:
+        a = self.args
+        ctx = mp.get_context("spawn")
+        ranges = [list(r) for r in np.array_split(np.arange(a.agents), a.workers)]
+        ranges = [[int(h) for h in r] for r in ranges]
+        for hosts in ranges:
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=worker_main, daemon=True,
+                            args=(theirs, self.address, hosts, a.agents, a.jobs, a.seed,
+                                  a.report_interval, True))
+            p.start()
+            self.workers.append((p, mine))
+        for _, conn in self.workers:
+            if not conn.poll(120):
+                raise RuntimeError("a worker process did not start")
+            conn.recv()
+        return ranges
+
+    def stop(self) -> None:
+        for _, conn in self.workers:
+            with contextlib.suppress(Exception):
+                conn.send(("stop", None))
+        for p, _ in self.workers:
+            with contextlib.suppress(Exception):
+                p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        if self.channel is not None:
+            self.channel.close()
+        for p in reversed(self.procs):  # crux-run, the agent, then the leader
+            if p.poll() is None:
+                p.terminate()
+        for p in reversed(self.procs):
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+    # talking to workers, the leader and the real agent -------------------------------
+    def ask(self, which: Sequence[int], cmd: str, arg: Any = None, timeout: float = 300
+            ) -> list[Any]:
+        for w in which:
+            self.workers[w][1].send((cmd, arg))
+        out = []
+        for w in which:
+            conn = self.workers[w][1]
+            if not conn.poll(timeout):
+                raise RuntimeError(f"worker {w}: no answer to {cmd} in {timeout:g} s")
+            kind, res = conn.recv()
+            if kind != "ok":
+                raise RuntimeError(f"worker {w}: {cmd}: {res}")
+            out.append(res)
+        return out
+
+    def all_workers(self) -> list[int]:
+        return list(range(len(self.workers)))
+
+    def generations(self) -> list[int]:
+        return [g for gens in self.ask(self.all_workers(), "generations") for g in gens]
+
+    def status(self) -> Any:
+        assert self.stub is not None
+        return self.stub.Status(lpb.StatusRequest(), timeout=30)
+
+    def errors(self) -> dict[str, int]:
+        """Failed RPCs of the simulated agents so far, by method and status code."""
+        out: dict[str, int] = {}
+        for errs in self.ask(self.all_workers(), "errors"):
+            for k, v in errs.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def worker_cpu_s(self) -> float:
+        return sum(cpu_s(p.pid) for p, _ in self.workers)
+
+    def errors_since(self, before: dict[str, int]) -> str:
+        now = self.errors()
+        diff = {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
+        return ", ".join(f"{v} {k}" for k, v in sorted(diff.items())) or "none"
+
+    def wait_steady(self, timeout: float = 300) -> Any:
+        """The leader's plan has every job it knows planned (none waiting for a plan or for
+        its other hosts) and every agent holds that plan's generation. Returns the status."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            gens = self.generations()
+            if gens and min(gens) == max(gens) > 0:
+                st = self.status()
+                if (st.plan_generation == gens[0] and len(st.agents) >= self.args.agents
+                        and all(j.state in SCHEDULED for j in st.jobs)):
+                    return st
+            time.sleep(0.5)
+        raise RuntimeError(f"no steady state in {timeout:g} s (generations "
+                           f"{min(self.generations())}..{max(self.generations())})")
+
+    def wait_agent(self, agent: subprocess.Popen[bytes], sock: Path, want_jobs: int,
+                   before: int) -> int:
+        """The leader re-planned (agent joined / job arrived) past generation `before`: wait
+        until the real agent holds `want_jobs` jobs and everybody has that plan."""
+        end = time.monotonic() + 180
+        while time.monotonic() < end:
+            if agent.poll() is not None:
+                raise RuntimeError(f"agent exited ({agent.returncode}): "
+                                   f"{self.log_tail('agent.log')}")
+            with contextlib.suppress(Exception):
+                g, jobs = agent_generation(sock)
+                gens = self.generations()
+                if jobs == want_jobs and g > before and min(gens) == max(gens) == g:
+                    return g
+            time.sleep(0.5)
+        raise RuntimeError("the real agent did not settle in 180 s")
+
+
+def agent_generation(sock: Path) -> tuple[int, int]:
+    """(applied generation, jobs) of a real agent, over its local socket."""
+    from cruxd.rpc.local import LocalClient
+
+    req = apb.LocalRequest()
+    req.status.local_only = True
+    reply = LocalClient(sock).call(req)
+    return reply.status.agent.applied_generation, len(reply.status.agent.jobs)
