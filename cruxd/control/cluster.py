@@ -105,10 +105,10 @@ class ClusterState:
                                         report.applied_generation, baseline=baseline)
         # only jobs that left this host can have ended: no scan of every job per report
         for jid in sorted(before.keys() - new_jobs.keys()):
-            job = self.jobs.get(jid)
-            if job is not None and job.expired_at is None and not any(
+            record = self.jobs.get(jid)
+            if record is not None and record.expired_at is None and not any(
                     jid in rec.jobs for rec in self.agents.values() if not rec.expired):
-                job.expired_at = now
+                record.expired_at = now
                 causes.append(f"job ended: {jid}")
         return causes
 
