@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cruxd import __version__
 from cruxd.agent.inventory import discover_nics, gpu_count
-from cruxd.agent.local_server import INVALID_ARGUMENT, LocalServer, PeerCred, group_id
+from cruxd.agent.local_server import LocalServer, PeerCred, group_id
 from cruxd.agent.local_server import error_reply as _error
 from cruxd.agent.registry import Registry
 from cruxd.agent.sources import (
@@ -30,12 +30,10 @@ from cruxd.daemon.statefile import write_atomic
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+from cruxd.rpc.local import INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE
 from transport.decision_table import Decision, TableWriter
 
 LOG = logging.getLogger(__name__)
-PERMISSION_DENIED = 7
-NOT_FOUND = 5
-UNAVAILABLE = 14
 STATE_FORMAT = "crux-agent-state/1"
 
 

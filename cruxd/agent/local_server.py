@@ -22,11 +22,15 @@ from pathlib import Path
 from cruxd.errors import CruxError
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
-from cruxd.rpc.local import FrameError, frame, read_frame
+from cruxd.rpc.local import (
+    INVALID_ARGUMENT,
+    PERMISSION_DENIED,
+    FrameError,
+    frame,
+    read_frame,
+)
 
 LOG = logging.getLogger(__name__)
-PERMISSION_DENIED = 7
-INVALID_ARGUMENT = 3
 
 
 @dataclass(frozen=True, slots=True)

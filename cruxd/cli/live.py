@@ -61,7 +61,7 @@ def to_json(msg: Message) -> dict[str, Any]:
 
 def _local(args: argparse.Namespace, body: str, **fields: Any) -> Any:
     from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
-    from cruxd.rpc.local import AgentUnavailable, LocalClient
+    from cruxd.rpc.local import UNAVAILABLE, AgentUnavailable, LocalClient
 
     req = apb.LocalRequest()
     getattr(req, body).SetInParent()
@@ -73,7 +73,7 @@ def _local(args: argparse.Namespace, body: str, **fields: Any) -> Any:
         raise Unreachable(str(exc)) from None
     if reply.WhichOneof("body") == "error":
         code = reply.error.code
-        raise (Unreachable if code == 14 else CruxError)(f"agent: {reply.error.message}")
+        raise (Unreachable if code == UNAVAILABLE else CruxError)(f"agent: {reply.error.message}")
     return reply
 
 

@@ -9,11 +9,18 @@ import socket
 import struct
 from pathlib import Path
 
+import grpc
+
 from cruxd.errors import CruxError
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 
 MAX_FRAME = 4 << 20
+# Error codes on the socket are gRPC's status numbers, so both edges speak one vocabulary.
+INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
+PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 _LEN = struct.Struct(">I")
 
 
