@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from cruxd import __version__
@@ -96,13 +97,8 @@ class Agent:
 
     # --- state ---------------------------------------------------------------
     def local_jobs(self) -> list[LocalJob]:
-        out = []
-        for job in self.registry.jobs():
-            m = self.measurement.measure(job, self.registry.hints(job.job_id))
-            out.append(LocalJob(job.job_id, job.gpus, job.node_rank, job.nnodes,
-                                job.registered_unix_ms, m, job.qps_applied, job.qps_total,
-                                job.command))
-        return out
+        return [replace(job, measurement=self.measurement.measure(
+            job, self.registry.hints(job.job_id))) for job in self.registry.jobs()]
 
     def inventory(self) -> HostInventory:
         return HostInventory(self.host_id, __version__, self.gpus, self.nics,

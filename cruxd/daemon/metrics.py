@@ -63,6 +63,9 @@ class _StateCollector(Collector):
                                     value=agent.table.header().plan_generation)
             yield GaugeMetricFamily("crux_agent_rpc_errors", "Failed calls to the leader",
                                     value=agent.link.rpc_errors)
+            yield GaugeMetricFamily("crux_agent_rejected",
+                                    "Local-socket requests refused (permission, bad input)",
+                                    value=agent.rejected + agent.server.rejected)
 
 
 class Metrics:
