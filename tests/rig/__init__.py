@@ -1,0 +1,1 @@
+"""Real-kernel rigs for the integration tests: a Clos fabric of network namespaces."""

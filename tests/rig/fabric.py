@@ -1,0 +1,183 @@
+"""A 2-tier Clos fabric of network namespaces joined by veth pairs.
+
+Hosts hang off leaves, every leaf connects to every spine, and the kernel does the
+switching: leaves forward with L4 ECMP (`fib_multipath_hash_policy=1`, one
+nexthop per spine), decrement TTL and answer with ICMP time-exceeded, so probing,
+path steering and priority queues are tested against the real thing.
+
+Addressing (k: global host index, l: leaf, s: spine):
+    host k  <-> its leaf   10.2.k.0/24   leaf .1, host .2 (the host's fabric address)
+    leaf l  <-> spine s    10.3.(l*32+s).0/24   leaf .1, spine .2
+
+Names are unique per fabric (a random prefix), so tests run in parallel; `close()`
+deletes every namespace and is safe to call twice; use the fabric as a context
+manager so a failing test still tears it down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+MAX_SPINES = 32
+MAX_HOSTS = 250
+
+
+class RigError(RuntimeError):
+    pass
+
+
+def can_build() -> str | None:
+    """None when a fabric can be built here, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    if shutil.which("ip") is None:
+        return "needs iproute2 (ip)"
+    return None
+
+
+def _run(*cmd: str, stdin: str | None = None) -> str:
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise RigError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+@dataclass
+class Fabric:
+    hosts_per_leaf: int = 2
+    leaves: int = 2
+    spines: int = 2
+    prefix: str = field(default_factory=lambda: f"crx{secrets.token_hex(3)}")
+    created: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.spines <= MAX_SPINES:
+            raise ValueError(f"spines must be 1..{MAX_SPINES}")
+        if not 1 <= self.leaves * self.hosts_per_leaf <= MAX_HOSTS:
+            raise ValueError(f"at most {MAX_HOSTS} hosts")
+
+    # --- names and addresses -------------------------------------------------
+    def ns(self, node: str) -> str:
+        return f"{self.prefix}-{node}"
+
+    @property
+    def host_names(self) -> list[str]:
+        return [f"h{k}" for k in range(self.leaves * self.hosts_per_leaf)]
+
+    def leaf_of(self, host: str) -> int:
+        return int(host[1:]) // self.hosts_per_leaf
+
+    def address(self, host: str) -> str:
+        return f"10.2.{int(host[1:])}.2"
+
+    def uplink(self, leaf: int, spine: int) -> str:
+        """The leaf's interface toward `spine` (counters: `tx_packets`)."""
+        return f"s{spine}"
+
+    # --- build -----------------------------------------------------------------
+    def __enter__(self) -> Fabric:
+        try:
+            self.build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _add_ns(self, node: str, forward: bool) -> None:
+        name = self.ns(node)
+        _run("ip", "netns", "add", name)
+        self.created.append(name)
+        cmds = ["link set lo up"]
+        _run("ip", "-n", name, "-batch", "-", stdin="\n".join(cmds) + "\n")
+        if forward:
+            for key, val in (("net.ipv4.ip_forward", "1"),
+                             ("net.ipv4.fib_multipath_hash_policy", "1"),
+                             ("net.ipv4.icmp_ratelimit", "0")):
+                _run("ip", "netns", "exec", name, "sysctl", "-qw", f"{key}={val}")
+
+    def _veth(self, a: str, a_if: str, a_ip: str, b: str, b_if: str, b_ip: str) -> None:
+        _run("ip", "link", "add", "name", a_if, "netns", self.ns(a), "type", "veth", "peer",
+             "name", b_if, "netns", self.ns(b))
+        for node, ifname, ip in ((a, a_if, a_ip), (b, b_if, b_ip)):
+            _run("ip", "-n", self.ns(node), "-batch", "-",
+                 stdin=f"address add {ip}/24 dev {ifname}\nlink set {ifname} up\n")
+
+    def build(self) -> None:
+        for h in self.host_names:
+            self._add_ns(h, forward=False)
+        for leaf in range(self.leaves):
+            self._add_ns(f"l{leaf}", forward=True)
+        for s in range(self.spines):
+            self._add_ns(f"s{s}", forward=True)
+        for h in self.host_names:
+            k, leaf = int(h[1:]), self.leaf_of(h)
+            self._veth(h, "eth0", f"10.2.{k}.2", f"l{leaf}", h, f"10.2.{k}.1")
+            _run("ip", "-n", self.ns(h), "route", "add", "default", "via", f"10.2.{k}.1")
+        for leaf in range(self.leaves):
+            for s in range(self.spines):
+                net = f"10.3.{leaf * MAX_SPINES + s}"
+                self._veth(f"l{leaf}", f"s{s}", f"{net}.1", f"s{s}", f"l{leaf}", f"{net}.2")
+        routes: dict[str, list[str]] = {}
+        for h in self.host_names:
+            k, home = int(h[1:]), self.leaf_of(h)
+            for s in range(self.spines):
+                routes.setdefault(f"s{s}", []).append(
+                    f"route add 10.2.{k}.0/24 via 10.3.{home * MAX_SPINES + s}.1")
+            for leaf in range(self.leaves):
+                if leaf == home:
+                    continue
+                hops = " ".join(f"nexthop via 10.3.{leaf * MAX_SPINES + s}.2"
+                                for s in range(self.spines))
+                routes.setdefault(f"l{leaf}", []).append(f"route add 10.2.{k}.0/24 {hops}")
+        for node, cmds in routes.items():
+            _run("ip", "-n", self.ns(node), "-batch", "-", stdin="\n".join(cmds) + "\n")
+
+    def close(self) -> None:
+        while self.created:
+            name = self.created.pop()
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=60)
+
+    # --- use -------------------------------------------------------------------
+    def exec(self, node: str, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ip", "netns", "exec", self.ns(node), *cmd],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def counters(self, node: str) -> dict[str, dict[str, int]]:
+        """Per-interface statistics of a node (`ip -s -j link`)."""
+        out = json.loads(_run("ip", "-n", self.ns(node), "-s", "-j", "link", "show"))
+        return {link["ifname"]: {"tx_packets": link["stats64"]["tx"]["packets"],
+                                 "rx_packets": link["stats64"]["rx"]["packets"]}
+                for link in out}
+
+    def spine_tx(self, leaf: int) -> list[int]:
+        """Packets the leaf has sent toward each spine."""
+        c = self.counters(f"l{leaf}")
+        return [c[self.uplink(leaf, s)]["tx_packets"] for s in range(self.spines)]
+
+    def send_udp(self, src: str, dst: str, sports: list[int], dport: int = 4791,
+                 count: int = 1, payload: int = 64) -> None:
+        """Send `count` UDP datagrams from each source port, from host `src` to `dst`."""
+        script = (
+            "import socket, sys\n"
+            "dst, dport, count, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), "
+            "int(sys.argv[4])\n"
+            "for sp in map(int, sys.argv[5:]):\n"
+            "    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "    s.bind(('', sp))\n"
+            "    for _ in range(count):\n"
+            "        s.sendto(bytes(size), (dst, dport))\n"
+            "    s.close()\n")
+        proc = self.exec(src, sys.executable, "-c", script, self.address(dst), str(dport),
+                         str(count), str(payload), *map(str, sports))
+        if proc.returncode != 0:
+            raise RigError(f"send_udp from {src}: {proc.stderr.strip()}")
