@@ -98,11 +98,13 @@ class Fabric:
         self.created.append(name)
         cmds = ["link set lo up"]
         _run("ip", "-n", name, "-batch", "-", stdin="\n".join(cmds) + "\n")
+        # no ICMP rate limit anywhere: probes are paced by the prober, not the kernel
+        settings = [("net.ipv4.icmp_ratelimit", "0")]
         if forward:
-            for key, val in (("net.ipv4.ip_forward", "1"),
-                             ("net.ipv4.fib_multipath_hash_policy", "1"),
-                             ("net.ipv4.icmp_ratelimit", "0")):
-                _run("ip", "netns", "exec", name, "sysctl", "-qw", f"{key}={val}")
+            settings += [("net.ipv4.ip_forward", "1"),
+                         ("net.ipv4.fib_multipath_hash_policy", "1")]
+        for key, val in settings:
+            _run("ip", "netns", "exec", name, "sysctl", "-qw", f"{key}={val}")
 
     def _veth(self, a: str, a_if: str, a_ip: str, b: str, b_if: str, b_ip: str) -> None:
         _run("ip", "link", "add", "name", a_if, "netns", self.ns(a), "type", "veth", "peer",
