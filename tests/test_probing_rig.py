@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,18 @@ def test_sweep_finds_exactly_the_spine_paths_and_they_carry_data(spines: int) ->
             f.send_udp("h0", "h1", path["sports"][:1], count=30)
             delta = [a - b for a, b in zip(f.spine_tx(0), before, strict=True)]
             assert delta[spine] >= 30 and sum(delta) - delta[spine] < 5, (path, delta)
+
+
+def test_cruxctl_probe_json_shape() -> None:
+    with Fabric(hosts_per_leaf=1, leaves=2, spines=2) as f:
+        cruxctl = str(Path(sys.executable).parent / "cruxctl")
+        run = f.exec("h0", cruxctl, "probe", f.address("h1"), "--json", "--rate", "0",
+                     timeout=120)
+        assert run.returncode == 0, run.stderr
+        doc = json.loads(run.stdout)
+        assert doc["peer"] == f.address("h1") and doc["probes_sent"] >= 2
+        assert len(doc["paths"]) == 2
+        assert all(isinstance(p["sports"][0], int) and len(p["hops"]) == 3
+                   for p in doc["paths"])
+        bad = f.exec("h0", cruxctl, "probe", "x", "--sports", "9-1")
+        assert bad.returncode == 2 and bad.stderr.startswith("cruxctl: error: --sports")
