@@ -183,3 +183,25 @@ class Fabric:
                          str(count), str(payload), *map(str, sports))
         if proc.returncode != 0:
             raise RigError(f"send_udp from {src}: {proc.stderr.strip()}")
+
+    def priority_queues(self, node: str, ifname: str, rate_mbit: float,
+                        dscp_by_level: list[int], queue_packets: int = 64) -> None:
+        """Emulate a switch port: egress limited to `rate_mbit`, one HTB class per level
+        (the highest level gets spare bandwidth first, as strict priority does), and
+        u32 filters that sort packets into levels by DSCP. Unmatched traffic: level 0."""
+        ns = self.ns(node)
+        levels = len(dscp_by_level)
+        cmds = [f"qdisc replace dev {ifname} root handle 1: htb default 10",
+                f"class add dev {ifname} parent 1: classid 1:1 htb rate {rate_mbit}mbit "
+                f"ceil {rate_mbit}mbit"]
+        for level, dscp in enumerate(dscp_by_level):
+            prio = levels - 1 - level  # HTB serves a lower prio number first
+            cmds.append(f"class add dev {ifname} parent 1:1 classid 1:{10 + level} htb "
+                        f"rate {max(rate_mbit / 1000, 0.008)}mbit ceil {rate_mbit}mbit "
+                        f"prio {prio}")
+            # a short queue per level, like a switch buffer (veth's default is 1000)
+            cmds.append(f"qdisc add dev {ifname} parent 1:{10 + level} handle {10 + level}: "
+                        f"pfifo limit {queue_packets}")
+            cmds.append(f"filter add dev {ifname} parent 1: protocol ip prio 1 u32 match ip "
+                        f"dsfield {dscp << 2:#x} 0xfc flowid 1:{10 + level}")
+        _run("tc", "-n", ns, "-batch", "-", stdin="\n".join(cmds) + "\n")
