@@ -35,7 +35,8 @@ print(json.dumps(got), flush=True)
 
 SEND = """
 import socket, sys, time
-dst, port, tos, mbit, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+dst, port, tos = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+mbit, secs = float(sys.argv[4]), float(sys.argv[5])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
 size = 1000
