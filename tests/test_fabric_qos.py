@@ -6,12 +6,10 @@ ports a sweep found -- the mechanism path selection relies on."""
 
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
 
-from tests.rig.fabric import MAX_SPINES, Fabric, can_build
+from tests.rig.fabric import Fabric, can_build
+from tests.rig.probe import spine_of, sweep_from
 from tests.rig.traffic import Flow, run_flows
 
 pytestmark = [pytest.mark.root, pytest.mark.slow,
@@ -32,21 +30,9 @@ def test_higher_dscp_keeps_its_rate_through_a_congested_port() -> None:
     assert high + low <= rate * 1.15, (high, low)
 
 
-SWEEP = """
-import json, sys
-from probing.sweep import ROCE_SPORTS, sweep
-from probing.ttl import TtlProber
-with TtlProber(sys.argv[1]) as p:
-    print(json.dumps(sweep(p, sys.argv[1], ROCE_SPORTS, expected=2, ports_per_path=2,
-                           max_probes=400).to_json()))
-"""
-
-
 def _ports_by_spine(f: Fabric, src: str, dst: str) -> dict[int, list[int]]:
-    run = f.exec(src, sys.executable, "-c", SWEEP, f.address(dst), timeout=120)
-    assert run.returncode == 0, run.stderr
-    return {int(p["hops"][1].split(".")[2]) % MAX_SPINES: p["sports"]
-            for p in json.loads(run.stdout)["paths"]}
+    doc = sweep_from(f, src, dst, expected=2, ports_per_path=2)
+    return {spine_of(p["hops"][1]): p["sports"] for p in doc["paths"]}
 
 
 def test_ports_on_distinct_spines_double_the_throughput_of_colliding_ones() -> None:

@@ -10,40 +10,25 @@ from pathlib import Path
 
 import pytest
 
-from tests.rig.fabric import MAX_SPINES, Fabric, can_build
+from tests.rig.fabric import Fabric, can_build
+from tests.rig.probe import spine_of, sweep_from
 
 pytestmark = [pytest.mark.root,
               pytest.mark.skipif(can_build() is not None, reason=str(can_build()))]
 
-SWEEP = """
-import json, sys
-from probing.sweep import ROCE_SPORTS, sweep
-from probing.ttl import TtlProber
-with TtlProber(sys.argv[1]) as p:
-    r = sweep(p, sys.argv[1], ROCE_SPORTS, max_probes=400)
-    doc = r.to_json()
-    doc["ignored"] = p.counters.ignored
-    print(json.dumps(doc))
-"""
-
-
 @pytest.mark.parametrize("spines", [2, 4])
 def test_sweep_finds_exactly_the_spine_paths_and_they_carry_data(spines: int) -> None:
     with Fabric(hosts_per_leaf=1, leaves=2, spines=spines) as f:
-        run = f.exec("h0", sys.executable, "-c", SWEEP, f.address("h1"), timeout=120)
-        assert run.returncode == 0, run.stderr
-        doc = json.loads(run.stdout)
+        doc = sweep_from(f, "h0", "h1")
         hops = [tuple(p["hops"]) for p in doc["paths"]]
         assert len(hops) == spines and doc["stopped"] == "quiet"
         # leaf 0 (10.2.0.1), then a spine on its leaf-0 link, then leaf 1 on that spine
-        spines_seen = sorted(int(h[1].split(".")[2]) % MAX_SPINES for h in hops)
+        spines_seen = sorted(spine_of(h[1]) for h in hops)
         assert spines_seen == list(range(spines))
         assert all(h[0] == "10.2.0.1" and h[2].startswith("10.3.") for h in hops)
         for path in doc["paths"]:
-            spine = int(path["hops"][1].split(".")[2]) % MAX_SPINES
-            before = f.spine_tx(0)
-            f.send_udp("h0", "h1", path["sports"][:1], count=30)
-            delta = [a - b for a, b in zip(f.spine_tx(0), before, strict=True)]
+            spine = spine_of(path["hops"][1])
+            delta = f.spine_tx_delta("h0", "h1", path["sports"][:1], count=30)
             assert delta[spine] >= 30 and sum(delta) - delta[spine] < 5, (path, delta)
 
 

@@ -165,6 +165,13 @@ class Fabric:
         c = self.counters(f"l{leaf}")
         return [c[self.uplink(leaf, s)]["tx_packets"] for s in range(self.spines)]
 
+    def spine_tx_delta(self, src: str, dst: str, sports: list[int], count: int = 1) -> list[int]:
+        """Send from `sports` and return how many packets `src`'s leaf sent to each spine."""
+        leaf = self.leaf_of(src)
+        before = self.spine_tx(leaf)
+        self.send_udp(src, dst, sports, count=count)
+        return [a - b for a, b in zip(self.spine_tx(leaf), before, strict=True)]
+
     def send_udp(self, src: str, dst: str, sports: list[int], dport: int = 4791,
                  count: int = 1, payload: int = 64) -> None:
         """Send `count` UDP datagrams from each source port, from host `src` to `dst`."""
