@@ -70,15 +70,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _register(args: argparse.Namespace, job_id: str) -> str | None:
     """The decision table's path, or None when no agent took the job (fail open)."""
+    from cruxd.cli.live import agent_socket
     from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
     from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
     from cruxd.rpc.local import LocalClient
 
-    path = args.socket or os.environ.get("CRUX_SOCKET")
-    if not path:
-        from cruxd.daemon.config import embedded_default
-
-        path = str(embedded_default().agent.socket)
+    path = agent_socket(args.socket, None)
     hints = cpb.JobMeasurement(flops_per_iter=args.flops_per_iter or 0.0,
                                compute_s=args.compute_s or 0.0, comm_s=args.comm_s or 0.0,
                                allreduce_bytes=args.allreduce_bytes or 0.0)

@@ -46,12 +46,20 @@ def _config(args: argparse.Namespace) -> Any:
     return load_config(args.config)
 
 
-def socket_path(args: argparse.Namespace) -> str:
-    if args.socket:
-        return str(args.socket)
-    if os.environ.get("CRUX_SOCKET") and args.config is None:
+def agent_socket(explicit: str | None, config: Path | None) -> str:
+    """The agent socket to use: given, else $CRUX_SOCKET (unless a configuration file
+    was named), else that file's agent.socket or the embedded default's."""
+    if explicit:
+        return str(explicit)
+    if os.environ.get("CRUX_SOCKET") and config is None:
         return os.environ["CRUX_SOCKET"]
-    return str(_config(args).agent.socket)
+    from cruxd.daemon.config import load_config
+
+    return str(load_config(config).agent.socket)
+
+
+def socket_path(args: argparse.Namespace) -> str:
+    return agent_socket(args.socket, args.config)
 
 
 def to_json(msg: Message) -> dict[str, Any]:
