@@ -14,18 +14,8 @@
 #include <unistd.h>
 
 #include "crux_table.h"
+#include "table_util.h"
 
-/* IPv6 text as is, IPv4 text as ::ffff:a.b.c.d, "-" as all zero; 0 on success. */
-static int parse_peer(const char *text, uint8_t out[16])
-{
-    memset(out, 0, 16);
-    if (strcmp(text, "-") == 0)
-        return 0;
-    if (inet_pton(AF_INET6, text, out) == 1)
-        return 0;
-    out[10] = out[11] = 0xff;
-    return inet_pton(AF_INET, text, out + 12) == 1 ? 0 : -1;
-}
 
 static void print_entry(const struct crux_table_entry *e)
 {
@@ -42,21 +32,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s PATH [JOB PEER]...\n", argv[0]);
         return 2;
     }
-    int fd = open(argv[1], O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        perror(argv[1]);
+    const void *base;
+    size_t len;
+    if (map_table(argv[1], &base, &len) != 0)
         return 2;
-    }
-    size_t len = (size_t)st.st_size;
-    const void *base = NULL;
-    if (len > 0) {
-        base = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
-        if (base == MAP_FAILED) {
-            perror("mmap");
-            return 2;
-        }
-    }
     int valid = crux_table_validate(base, len) == 0;
     if (valid) {
         const struct crux_table_header *h = base;

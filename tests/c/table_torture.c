@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "crux_table.h"
+#include "table_util.h"
 
 static double now_s(void)
 {
@@ -42,15 +43,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s PATH SECONDS\n", argv[0]);
         return 2;
     }
-    int fd = open(argv[1], O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        perror(argv[1]);
+    const void *base;
+    size_t len;
+    if (map_table(argv[1], &base, &len) != 0)
         return 2;
-    }
-    size_t len = (size_t)st.st_size;
-    const void *base = len ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
-    if (base == MAP_FAILED || crux_table_validate(base, len) != 0 ||
+    if (base == NULL || crux_table_validate(base, len) != 0 ||
         ((const struct crux_table_header *)base)->capacity < 1) {
         fprintf(stderr, "%s: not a usable table\n", argv[1]);
         return 2;

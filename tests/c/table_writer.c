@@ -15,17 +15,8 @@
 #include <unistd.h>
 
 #include "crux_table.h"
+#include "table_util.h"
 
-static int parse_peer(const char *text, uint8_t out[16])
-{
-    memset(out, 0, 16);
-    if (strcmp(text, "-") == 0)
-        return 0;
-    if (inet_pton(AF_INET6, text, out) == 1)
-        return 0;
-    out[10] = out[11] = 0xff;
-    return inet_pton(AF_INET, text, out + 12) == 1 ? 0 : -1;
-}
 
 int main(int argc, char **argv)
 {
