@@ -120,12 +120,13 @@ class StaticPaths(_WatchedJson):
     def __init__(self, path: Path, host_id: str) -> None:
         super().__init__(path)
         self.host_id = host_id
+        self._tables: tuple[PathTable, ...] = ()  # of the last good file
 
     def validate(self, doc: object) -> None:
         rows = doc.get("path_table") if isinstance(doc, dict) else None
         if not isinstance(rows, list):
             raise ValueError('expected {"path_table": [...]}')
-        self._parse(rows)
+        self._tables = self._parse(rows)  # kept only if the whole file parses
 
     def _parse(self, rows: list[dict[str, object]]) -> tuple[PathTable, ...]:
         out = []
@@ -142,7 +143,5 @@ class StaticPaths(_WatchedJson):
         return tuple(out)
 
     def paths(self) -> tuple[PathTable, ...]:
-        doc = self.current()
-        if not isinstance(doc, dict):
-            return ()
-        return self._parse(doc["path_table"])
+        self.current()  # re-reads (and re-parses) only when the file changed
+        return self._tables
