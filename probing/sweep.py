@@ -32,7 +32,7 @@ class SweepResult:
     paths: dict[tuple[str, ...], list[int]] = field(default_factory=dict)
     probes_sent: int = 0
     unanswered: int = 0
-    stopped: str = ""  # "expected" | "quiet" | "budget" | "ports"
+    stopped: str = ""  # "expected" | "quiet" | "budget" | "ports" | "unanswered"
 
     def to_json(self) -> dict[str, object]:
         return {"peer": self.peer, "probes_sent": self.probes_sent,
@@ -43,11 +43,14 @@ class SweepResult:
 
 def sweep(prober: Prober, peer: str, sports: Iterable[int], *, expected: int | None = None,
           max_probes: int = 1024, miss: float = 1e-3, rate_pps: float = 0.0,
-          ports_per_path: int = 1, clock: Callable[[], float] = time.monotonic,
+          ports_per_path: int = 1, give_up: int = 32,
+          clock: Callable[[], float] = time.monotonic,
           sleep: Callable[[float], None] = time.sleep) -> SweepResult:
     """Probe `peer` from `sports` in order until `expected` paths each have
     `ports_per_path` ports, or (N unknown) no new path for `quiet_probes(k, miss)`
-    probes, or `max_probes` probes were sent. `rate_pps` > 0 paces the probes."""
+    probes, or `max_probes` probes were sent, or the first `give_up` probes all went
+    unanswered (nothing answers: a full sweep would only wait out every timeout).
+    `rate_pps` > 0 paces the probes."""
     result = SweepResult(peer)
     quiet = 0
     interval = 1.0 / rate_pps if rate_pps > 0 else 0.0
@@ -65,6 +68,9 @@ def sweep(prober: Prober, peer: str, sports: Iterable[int], *, expected: int | N
         hops = prober.trace(sport)
         if hops is None:
             result.unanswered += 1
+            if not result.paths and result.unanswered >= give_up:
+                result.stopped = "unanswered"
+                return result
             continue
         ports = result.paths.setdefault(hops, [])
         quiet = 0 if not ports else quiet + 1

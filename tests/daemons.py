@@ -50,7 +50,7 @@ def toml(doc: dict[str, dict[str, Any]]) -> str:
 
 class Daemon:
     def __init__(self, root: Path, name: str, sections: dict[str, dict[str, Any]],
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, netns: str | None = None) -> None:
         self.root = root / name
         self.root.mkdir(parents=True, exist_ok=True)
         self.name = name
@@ -63,6 +63,7 @@ class Daemon:
         self.log = self.root / "cruxd.log"
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.netns = netns  # run inside this network namespace (a rig host)
 
     @property
     def socket(self) -> Path:
@@ -74,7 +75,9 @@ class Daemon:
 
     def start(self) -> Daemon:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([str(BIN / "cruxd"), "--config", str(self.config)],
+            prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+            self.proc = subprocess.Popen([*prefix, str(BIN / "cruxd"), "--config",
+                                          str(self.config)],
                                          stdout=log, stderr=log,
                                          env={**os.environ, **self.env})
         return self

@@ -191,6 +191,13 @@ def test_good_ids_and_addresses() -> None:
     ("paths[0].paths[0].hops[1]", lambda r: set_path(r, hops=("tor0", "", "tor1"))),
     ("paths[0].paths[0].sports[1]", lambda r: set_path(r, sports=(49153, 65536))),
     ("paths[0].paths[0].sports[0]", lambda r: set_path(r, sports=(0,))),
+    ("paths[0].paths[0].verified_unix_ms", lambda r: set_path(r, verified_unix_ms=-1)),
+    ("paths[0].paths[1]", lambda r: replace(r, paths=(PathTable("h2", (PATH, PATH)),))),
+    ("paths[0].dst_address", lambda r: replace(r, paths=(
+        PathTable("h2", (PATH,), dst_address="10.0.0.300"),))),
+    ("paths[0].errors", lambda r: replace(r, paths=(PathTable("h2", (PATH,), errors=-2),))),
+    ("paths[0].last_error", lambda r: replace(r, paths=(
+        PathTable("h2", (PATH,), last_error="e" * (MAX_TEXT + 1)),))),
     ("links[0].utilization", lambda r: replace(r, links=(LinkObservation("l", 1.5),))),
 ])
 def test_report_rules(field: str, build: object) -> None:
@@ -291,6 +298,30 @@ def test_nic_and_path_changes_are_causes() -> None:
     assert s.ingest(report("h0", addr="10.0.0.9", paths=(PathTable("h2", (PATH,)),)), 2) == [
         "NICs changed: h0"]
     assert s.ingest(report("h0", addr="10.0.0.9"), 3) == ["path table changed: h0"]
+
+
+def test_reverified_paths_do_not_replan_and_lost_hops_ask_for_reprobes() -> None:
+    """A sweep that confirms the same paths (new times only) is no change; a hop
+    that vanishes from one agent's paths makes the leader ask every agent whose
+    paths cross it, and probed before the loss, to probe again."""
+    s = cluster()
+    other = ProbedPath(("tor0", "agg2", "tor1"), (49999,))
+    s.ingest(report("h0", paths=(PathTable("h2", (PATH, other), probed_unix_ms=500),)), 0)
+    s.ingest(report("h1", addr="10.0.0.2", paths=(
+        PathTable("h3", (ProbedPath(("tor0", "agg1", "tor9"), (50000,)),),
+                  probed_unix_ms=900),)), 0)
+    again = PathTable("h2", (replace(PATH, verified_unix_ms=2000), other), probed_unix_ms=2000)
+    assert s.ingest(report("h0", paths=(again,)), 2) == []
+    assert s.reprobe(2) == {}
+    lost = PathTable("h2", (other,), probed_unix_ms=3000)
+    assert s.ingest(report("h0", paths=(lost,)), 3) == ["path table changed: h0"]
+    assert s.down_hops == {"agg1": 3}
+    assert s.reprobe(3) == {"h1": ("h3",)}  # h0 itself no longer crosses agg1
+    s.ingest(report("h1", addr="10.0.0.2", paths=(
+        PathTable("h3", (ProbedPath(("tor0", "agg2", "tor9"), (50000,)),),
+                  probed_unix_ms=3500),)), 3.5)
+    assert s.reprobe(3.5) == {}
+    assert s.reprobe(1e6) == {} and s.down_hops == {}  # forgotten after a while
 
 
 @pytest.mark.parametrize(("before", "after", "material"), [
@@ -417,7 +448,7 @@ def test_codec_round_trips_records() -> None:
     """AgentRecord and JobRecord survive to_dict -> JSON -> from_dict unchanged."""
     r = good_report()
     agent = AgentRecord(r.host, {j.job_id: j for j in r.jobs},
-                        {t.dst_host: t.paths for t in r.paths}, r.links, 12.5, 7, True)
+                        {t.dst_host: t for t in r.paths}, r.links, 12.5, 7, True)
     for cls, obj in ((AgentRecord, agent), (JobRecord, JobRecord("a", 1.0)),
                      (JobRecord, JobRecord("a", 1.0, "profiling", 6.0, 9.5))):
         doc = json.loads(json.dumps(to_dict(obj), allow_nan=False))
@@ -440,7 +471,7 @@ def test_codec_round_trips_plan_with_infinity() -> None:
 @pytest.mark.parametrize(("path", "value", "where"), [
     (("jobs", "job-a", "measurement", "comm_s"), "fast", "$.jobs.job-a.measurement.comm_s"),
     (("inventory", "nics", 1, "port"), 1.5, "$.inventory.nics[1].port"),
-    (("paths", "h2", 0, "sports"), 49153, "$.paths.h2[0].sports"),
+    (("paths", "h2", "paths", 0, "sports"), 49153, "$.paths.h2.paths[0].sports"),
     (("inventory",), [], "$.inventory"),
     (("expired",), "yes", "$.expired"),
 ])
@@ -449,7 +480,7 @@ def test_codec_damaged_dict_names_the_path(path: tuple[object, ...], value: obje
     """A wrong type deep in a document raises ValueError naming where."""
     r = good_report()
     doc = to_dict(AgentRecord(r.host, {j.job_id: j for j in r.jobs},
-                              {t.dst_host: t.paths for t in r.paths}))
+                              {t.dst_host: t for t in r.paths}))
     node = doc
     for key in path[:-1]:
         node = node[key]

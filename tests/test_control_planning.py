@@ -80,7 +80,7 @@ def clos(nics: int = 1) -> Topology:
 
 def plan_of(state: ClusterState, topo: Topology | None = None, levels: int = 4,
             generation: int = 1) -> PublishedPlan:
-    return make_plan(plan_inputs(state), topo, LeaderPlanConfig(levels), generation, 100.0,
+    return make_plan(plan_inputs(state, 100.0), topo, LeaderPlanConfig(levels), generation, 100.0,
                      ("test",))
 
 
@@ -146,7 +146,12 @@ def test_unmeasured_jobs_sit_on_level_zero_with_a_note() -> None:
                      "half": "1 of 2 hosts reported",
                      "stranger": "host x9 not in topology clos2"}
     for jid in notes:
-        assert (jobs[jid].level, jobs[jid].dscp, jobs[jid].routes) == (0, default_dscp(4)[0], ())
+        assert (jobs[jid].level, jobs[jid].dscp) == (0, default_dscp(4)[0])
+        assert all(r.sport == 0 and r.hops == () for r in jobs[jid].routes)
+    # unplanned rings still name their peers, so the agents know whom to probe
+    assert [(r.src_host, r.peer_host, r.peer_addresses) for r in jobs["notraffic"].routes] == [
+        ("h0", "h1", ("10.0.0.2",)), ("h1", "h0", ("10.0.0.1",))]
+    assert jobs["nowj"].routes == () and jobs["half"].routes == ()
     assert jobs["ok"].state is JobState.SCHEDULED and jobs["ok"].note == ""
     assert jobs["half"].hosts == ("h0",) and jobs["notraffic"].gpus == 16
 
@@ -240,7 +245,7 @@ def test_expired_agents_drop_out_of_the_inputs() -> None:
     s.ingest(report("h0", ring_job("big", 0, 1e12, 2e9)), 25.0)
     s.ingest(report("h2", ring_job("big", 1, 1e12, 2e9)), 25.0)
     s.expire(31.0)
-    inputs = plan_inputs(s)
+    inputs = plan_inputs(s, 0.0)
     assert set(inputs.nics) == {"h0", "h2"}
     assert [m.job_id for m in inputs.jobs] == ["big"] and set(inputs.profile) == {"big"}
 

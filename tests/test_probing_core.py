@@ -59,6 +59,12 @@ def test_budget_and_silence_are_respected() -> None:
     assert r.stopped == "budget" and r.probes_sent == 20 and r.unanswered == 16
     r = sweep(HashProber(2), "peer", ROCE_SPORTS, expected=2, ports_per_path=3)
     assert all(len(p) == 3 for p in r.paths.values())
+    # nothing answers at all: give up early instead of waiting out every timeout
+    r = sweep(HashProber(8, silent=frozenset(ROCE_SPORTS)), "peer", ROCE_SPORTS, give_up=10)
+    assert (r.stopped, r.probes_sent, r.paths) == ("unanswered", 10, {})
+    # once a path answered, silent ports are only unanswered probes
+    r = sweep(HashProber(2, silent=silent), "peer", [0xD000, *silent, 0xD001], give_up=4)
+    assert r.stopped != "unanswered" and r.unanswered == 16
 
 
 def test_pacing_uses_the_injected_clock() -> None:

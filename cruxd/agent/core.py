@@ -22,6 +22,7 @@ from cruxd.agent.sources import (
     StaticMeasurement,
     StaticPaths,
 )
+from cruxd.agent.sweeper import SweepProbing
 from cruxd.agent.uplink import LeaderLink
 from cruxd.control.codec import from_dict, to_dict
 from cruxd.control.records import AgentReport, HostInventory, HostPlan, LocalJob, Measurement
@@ -62,7 +63,9 @@ class Agent:
             and a.measurement_file is not None else StaticMeasurement(a.accept_job_hints))
         self.probing: ProbingSource = (
             StaticPaths(a.path_table, self.host_id) if a.probing == "static"
-            and a.path_table is not None else NoProbing())
+            and a.path_table is not None else
+            SweepProbing(config.probing, self.host_id, lambda: self.link.poke())
+            if a.probing == "sweep" else NoProbing())
         self.nics = discover_nics(a.addresses)
         self.gpus = gpu_count(a.gpus)
         self.table = TableWriter.open(a.decision_table, capacity=a.table_capacity)
@@ -78,11 +81,15 @@ class Agent:
         self._restore()
         await self.server.start()
         await self.link.start()
+        if isinstance(self.probing, SweepProbing):
+            await self.probing.start()
         LOG.info("agent %s: socket %s, table %s, leader %s, %d NIC(s), %d GPU(s)",
                  self.host_id, self.config.agent.socket, self.config.agent.decision_table,
                  self.link.address, len(self.nics), self.gpus)
 
     async def stop(self) -> None:
+        if isinstance(self.probing, SweepProbing):
+            await self.probing.stop()
         await self.server.stop()
         await self.link.stop()
         self._save()
@@ -112,6 +119,8 @@ class Agent:
         check_host_plan(hp, self.host_id)
         changed = self.table.apply(plan_decisions(hp), hp.generation)
         self.plans_applied += 1
+        if isinstance(self.probing, SweepProbing):
+            self.probing.plan_changed(hp)
         self.link.poke()  # tell the leader which generation the table holds
         LOG.info("plan %d applied: %d job(s), %d table entr%s changed", hp.generation,
                  len(hp.jobs), changed, "y" if changed == 1 else "ies")
@@ -215,6 +224,7 @@ class Agent:
         a.applied_generation = self.table.header().plan_generation
         a.measurement_source, a.probing_source = self.measurement.name, self.probing.name
         a.jobs.extend(convert.local_job_to_pb(j) for j in self.local_jobs())
+        a.peers.extend(convert.peer_paths_to_pb(t) for t in self.probing.paths())
         seen = self.link.last_plan_mono
         a.last_plan_age_s = -1.0 if seen is None else time.monotonic() - seen
         if local_only:

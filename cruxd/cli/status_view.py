@@ -46,6 +46,8 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
                       f"{_age(agent.last_plan_age_s)} ago)")
         console.print(f"  measurement: {agent.measurement_source}; probing: "
                       f"{agent.probing_source}; local jobs: {len(agent.jobs)}")
+        if agent.peers and cluster is None:  # the leader's table shows them otherwise
+            console.print(_peers([(agent.host_id, agent.peers)], now))
     if cluster is None:
         if agent is not None and not agent.leader_reachable:
             console.print("[yellow]no cluster view: the leader did not answer; the agent keeps "
@@ -70,6 +72,9 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
         agents.add_row(a.host_id, a.version, age, str(a.gpus), ", ".join(a.addresses) or "-",
                        a.measurement_source, a.probing_source, str(a.applied_generation))
     console.print(agents)
+    probed = [(a.host_id, a.peers) for a in cluster.agents if a.peers]
+    if probed:
+        console.print(_peers(probed, now))
     jobs = Table(title="jobs", title_justify="left")
     for col in ("job", "state", "hosts", "GPUs", "I_j", "k_j", "rank", "level", "DSCP",
                 "paths", "QPs applied"):
@@ -80,6 +85,20 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
         jobs.add_row(j.job_id, state, ",".join(j.hosts), str(j.gpus), _num(j.intensity),
                      _num(j.k), str(j.rank), str(j.level), str(j.dscp), _routes(j), qps)
     console.print(jobs)
+
+
+def _peers(agents: list[tuple[str, Any]], now: float) -> Table:
+    """Path discovery per (host, peer): what the last sweep found and what went wrong."""
+    t = Table(title="paths", title_justify="left")
+    for col in ("host", "peer", "address", "paths", "last probe", "probes", "errors"):
+        t.add_column(col)
+    for host, peers in agents:
+        for p in peers:
+            age = _age(now - p.probed_unix_ms / 1000) + " ago" if p.probed_unix_ms else "never"
+            err = f"{p.errors}" + (f" ({p.last_error})" if p.last_error else "")
+            t.add_row(host, p.peer_host, p.address or "-", str(p.paths), age,
+                      str(p.probes_sent), err)
+    return t
 
 
 def print_jobs(console: Console, jobs: list[Any]) -> None:

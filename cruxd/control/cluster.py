@@ -17,7 +17,7 @@ from cruxd.control.records import (
     LinkObservation,
     LocalJob,
     Measurement,
-    ProbedPath,
+    PathTable,
 )
 
 # Expired agents and jobs stay visible in status this many agent timeouts.
@@ -28,7 +28,7 @@ KEEP_EXPIRED_TIMEOUTS = 10
 class AgentRecord:
     inventory: HostInventory
     jobs: dict[str, LocalJob]
-    paths: dict[str, tuple[ProbedPath, ...]]
+    paths: dict[str, PathTable]  # by destination host
     links: tuple[LinkObservation, ...] = ()
     last_report: float = 0.0
     applied_generation: int = 0
@@ -64,6 +64,9 @@ class ClusterState:
     profiling_s: float
     agents: dict[str, AgentRecord] = field(default_factory=dict)
     jobs: dict[str, JobRecord] = field(default_factory=dict)
+    # hops that vanished from an agent's paths, and when: other agents whose paths
+    # cross them are asked to probe again (HostPlan.reprobe)
+    down_hops: dict[str, float] = field(default_factory=dict)
 
     # --- events ------------------------------------------------------------
     def ingest(self, report: AgentReport, now: float) -> list[str]:
@@ -71,15 +74,17 @@ class ClusterState:
         host = report.host.host_id
         old = self.agents.get(host)
         new_jobs = {j.job_id: j for j in report.jobs}
-        paths = {t.dst_host: t.paths for t in report.paths}
+        paths = {t.dst_host: t for t in report.paths}
         causes: list[str] = []
         if old is None or old.expired:
             causes.append(f"agent joined: {host}")
         else:
             if old.inventory.nics != report.host.nics:
                 causes.append(f"NICs changed: {host}")
-            if old.paths != paths:
+            if _shapes(old.paths) != _shapes(paths):
                 causes.append(f"path table changed: {host}")
+                gone = _hops(old.paths) - _hops(paths)
+                self.down_hops.update(dict.fromkeys(gone, now))
         before = old.jobs if old is not None and not old.expired else {}
         for jid in sorted(new_jobs.keys() - before.keys()):
             rec = self.jobs.get(jid)
@@ -128,6 +133,25 @@ class ClusterState:
                     and now - job.expired_at > KEEP_EXPIRED_TIMEOUTS * self.agent_timeout_s):
                 del self.jobs[jid]
         return causes
+
+    def reprobe(self, now: float) -> dict[str, tuple[str, ...]]:
+        """Per host, the peers whose paths cross a hop some agent lost after this
+        host last probed them (and within the last KEEP_EXPIRED_TIMEOUTS timeouts)."""
+        keep = KEEP_EXPIRED_TIMEOUTS * self.agent_timeout_s
+        for hop, at in list(self.down_hops.items()):
+            if now - at > keep:
+                del self.down_hops[hop]
+        if not self.down_hops:
+            return {}
+        out = {}
+        for host, rec in self.live_agents().items():
+            peers = tuple(sorted(
+                dst for dst, t in rec.paths.items()
+                if any(self.down_hops.get(h, -1.0) * 1000 > t.probed_unix_ms
+                       for p in t.paths for h in p.hops)))
+            if peers:
+                out[host] = peers
+        return out
 
     def advance_profiling(self, now: float, enabled: bool = True) -> list[str]:
         """End finished profiling windows and start the oldest queued job's window."""
@@ -205,3 +229,11 @@ class ClusterState:
                 job.expired_at = now
                 causes.append(f"job ended: {jid}")
         return causes
+
+
+def _shapes(tables: dict[str, PathTable]) -> dict[str, tuple[object, ...]]:
+    return {dst: t.shape() for dst, t in tables.items()}
+
+
+def _hops(tables: dict[str, PathTable]) -> set[str]:
+    return {h for t in tables.values() for p in t.paths for h in p.hops}

@@ -9,12 +9,14 @@ its paths left to ECMP, and says so.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cruxd.control.cluster import ClusterState, MergedJob
-from cruxd.control.records import HostPlan, JobAssignment, JobState, Nic, PeerRoute
+from cruxd.control.discovery import discover
+from cruxd.control.records import HostPlan, JobAssignment, JobState, Nic, PathTable, PeerRoute
 from cruxd.model.jobs import Job, ring_allreduce
 from cruxd.model.plan import Plan
 from cruxd.model.topology import Topology, TopologyBuilder
@@ -22,6 +24,7 @@ from cruxd.model.view import ClusterView, DiscoveredPath
 from cruxd.scheduler.dscp import check_dscp, default_dscp
 from cruxd.scheduler.planner import PlanConfig, plan
 
+LOG = logging.getLogger(__name__)
 DEFAULT_OVERLAP = 0.5  # seed Fig. 12: communication may start half-way through compute
 
 
@@ -50,6 +53,7 @@ class PublishedPlan:
     # (cruxctl plan --live) and never persisted; a restored plan has none until the next.
     document: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     result: Plan | None = field(default=None, repr=False, compare=False)
+    reprobe: dict[str, tuple[str, ...]] = field(default_factory=dict)  # host -> peers
     _per_host: dict[str, HostPlan] = field(default_factory=dict, repr=False, compare=False)
     _by_host: dict[str, list[JobAssignment]] = field(default_factory=dict, repr=False,
                                                      compare=False)
@@ -69,7 +73,7 @@ class PublishedPlan:
                         self._by_host.setdefault(h, []).append(j)
             jobs = tuple(j.for_host(host) for j in self._by_host.get(host, ()))
             hp = self._per_host[host] = HostPlan(self.generation, host, self.planned_unix_ms,
-                                                 self.levels, jobs)
+                                                 self.levels, jobs, self.reprobe.get(host, ()))
         return hp
 
 
@@ -91,23 +95,46 @@ class PlanInputs:
 
     jobs: tuple[MergedJob, ...]
     nics: dict[str, tuple[Nic, ...]]
-    paths: dict[tuple[str, str], tuple[DiscoveredPath, ...]]
+    tables: dict[str, dict[str, PathTable]]  # src host -> dst host -> its path table
     profile: dict[str, str]  # job id -> queued | profiling | done
+    reprobe: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def paths(self) -> dict[tuple[str, str], tuple[DiscoveredPath, ...]]:
+        """The path table as reported (hops: router addresses or INT node ids)."""
+        return {(src, dst): tuple(DiscoveredPath(p.hops, p.sports) for p in t.paths)
+                for src, by_dst in self.tables.items() for dst, t in by_dst.items()}
 
 
-def plan_inputs(state: ClusterState) -> PlanInputs:
+def plan_inputs(state: ClusterState, now: float) -> PlanInputs:
     agents = state.live_agents()
     return PlanInputs(
         jobs=tuple(state.merged_jobs()),
         nics={h: r.inventory.nics for h, r in agents.items()},
-        paths={(src, dst): tuple(DiscoveredPath(p.hops, p.sports) for p in table)
-               for src, rec in agents.items() for dst, table in rec.paths.items()},
-        profile={j: r.profile for j, r in state.jobs.items() if r.expired_at is None})
+        tables={h: dict(r.paths) for h, r in agents.items()},
+        profile={j: r.profile for j, r in state.jobs.items() if r.expired_at is None},
+        reprobe=state.reprobe(now))
+
+
+def fabric_for(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanConfig
+               ) -> tuple[Topology, dict[tuple[str, str], tuple[DiscoveredPath, ...]], bool]:
+    """The topology to plan on and the path table in its node names: the configured
+    fabric, else the one the probes found, else a star. The flag: discovered."""
+    if topology is not None:
+        return topology, inputs.paths, False
+    try:
+        found = discover(inputs.tables, inputs.nics, config.star_nic_gbps)
+    except ValueError as exc:
+        LOG.warning("cannot build the fabric from the probes (%s); planning on a star", exc)
+        found = None
+    if found is None:
+        return star(inputs.nics, config.star_nic_gbps), {}, False
+    return found.topology, found.paths, True
 
 
 def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanConfig,
               generation: int, now: float, causes: tuple[str, ...] = ()) -> PublishedPlan:
-    topo = topology or star(inputs.nics, config.star_nic_gbps)
+    topo, paths, discovered = fabric_for(inputs, topology, config)
     dscp = config.dscp_values()
     merged = inputs.jobs
     profiling = {jid for jid, p in inputs.profile.items() if p == "profiling"}
@@ -117,14 +144,14 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     plannable: list[Job] = []
     notes: dict[str, str] = {}
     for m in merged:
-        job, note = _as_job(m, topo)
+        job, note = _as_job(m, topo, paths if discovered else None)
         if job is None:
             notes[m.job_id] = note
         else:
             plannable.append(job)
     result: Plan | None = None
     if plannable:
-        view = ClusterView(topo, tuple(plannable), inputs.paths)
+        view = ClusterView(topo, tuple(plannable), paths)
         result = plan(view, PlanConfig(levels=levels, dscp=dscp[:levels]))
     nics = inputs.nics
     decided = {d.job: d for d in result.jobs} if result else {}
@@ -143,6 +170,9 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
         hosts = tuple(h for h, _ in m.hosts)
         gpus = sum(g for _, g in m.hosts)
         d = decided.get(m.job_id)
+        if m.job_id not in routes:  # unplanned: the ring's peers still tell agents whom to probe
+            routes[m.job_id] = [PeerRoute(src, dst, _addresses(nics, dst, None))
+                                for src, dst in _ring_pairs(hosts)]
         if m.job_id in profiling and reserve:
             a = JobAssignment(m.job_id, JobState.PROFILING, level=config.levels - 1,
                               dscp=dscp[-1], hosts=hosts, gpus=gpus,
@@ -151,7 +181,8 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
                 a = replace(a, intensity=d.intensity, k=d.k, rank=d.rank)
         elif d is None:
             a = JobAssignment(m.job_id, JobState.UNMEASURED, level=0, dscp=dscp[0],
-                              hosts=hosts, gpus=gpus, note=notes.get(m.job_id, ""))
+                              hosts=hosts, gpus=gpus, routes=tuple(routes[m.job_id]),
+                              note=notes.get(m.job_id, ""))
         else:
             state_ = (JobState.QUEUED if inputs.profile.get(m.job_id) == "queued"
                       and config.levels >= 2 else JobState.SCHEDULED)
@@ -161,15 +192,26 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
         out.append(a)
     out.sort(key=lambda a: (a.state is not JobState.PROFILING, -a.level, a.rank, a.job_id))
     return PublishedPlan(generation, int(now * 1000), config.levels, tuple(out), causes,
-                         topology=topo.name, result=result)
+                         topology=topo.name, result=result, reprobe=inputs.reprobe)
 
 
-def _as_job(m: MergedJob, topo: Topology) -> tuple[Job | None, str]:
+def _ring_pairs(hosts: tuple[str, ...]) -> list[tuple[str, str]]:
+    if len(hosts) < 2:
+        return []
+    return [(h, hosts[(i + 1) % len(hosts)]) for i, h in enumerate(hosts)]
+
+
+def _as_job(m: MergedJob, topo: Topology,
+            probed: Mapping[tuple[str, str], object] | None) -> tuple[Job | None, str]:
     missing = [h for h, _ in m.hosts if not topo.is_host(h)]
     if missing:
         return None, f"host {missing[0]} not in topology {topo.name}"
     if m.nnodes > len(m.hosts):
         return None, f"{len(m.hosts)} of {m.nnodes} hosts reported"
+    hosts = tuple(h for h, _ in m.hosts)
+    unprobed = [p for p in _ring_pairs(hosts) if probed is not None and p not in probed]
+    if unprobed:
+        return None, f"no probed path {unprobed[0][0]} -> {unprobed[0][1]} yet"
     ms = m.measurement
     multi = len(m.hosts) > 1
     if ms.flops_per_iter <= 0:

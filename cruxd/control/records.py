@@ -87,12 +87,23 @@ class HostInventory:
 class ProbedPath:
     hops: tuple[str, ...]
     sports: tuple[int, ...]
+    verified_unix_ms: int = 0  # when a probe last confirmed it
 
 
 @dataclass(frozen=True, slots=True)
 class PathTable:
     dst_host: str
     paths: tuple[ProbedPath, ...]
+    dst_address: str = ""
+    probed_unix_ms: int = 0  # when the last sweep toward dst_host ended
+    probes_sent: int = 0
+    errors: int = 0  # replies ignored or missing in that sweep
+    last_error: str = ""
+
+    def shape(self) -> tuple[object, ...]:
+        """What planning depends on: a re-verified table with the same paths and
+        ports has the same shape, so re-probing alone does not re-plan."""
+        return (self.dst_address, tuple((p.hops, p.sports) for p in self.paths))
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,3 +165,4 @@ class HostPlan:
     planned_unix_ms: int
     levels: int
     jobs: tuple[JobAssignment, ...] = field(default=())
+    reprobe: tuple[str, ...] = ()  # peers to probe again: a link on their paths went down

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 
 from cruxd.control.records import AgentReport, HostPlan, LocalJob, Measurement
 from cruxd.errors import UsageError
@@ -29,6 +29,7 @@ MAX_HOPS = 16
 MAX_SPORTS = 64
 MAX_LINKS = 100_000
 MAX_TEXT = 256
+MAX_COUNTER = 2**53  # times in ms and counters: exact in a double
 # Bounds on measurements: far above any real job, far below what breaks arithmetic.
 LIMITS = {
     "flops_per_iter": 1e24,
@@ -108,8 +109,8 @@ def check_local_job(job: LocalJob, field: str = "job") -> LocalJob:
     return job
 
 
-def _unique(names: Iterable[str], field: str) -> None:
-    seen: set[str] = set()
+def _unique(names: Iterable[Hashable], field: str) -> None:
+    seen: set[Hashable] = set()
     for i, name in enumerate(names):
         if name in seen:
             raise InvalidMessage(f"{field}[{i}]", f"duplicate {name!r}")
@@ -136,6 +137,11 @@ def check_report(r: AgentReport) -> AgentReport:
     for i, table in enumerate(r.paths):
         where = f"paths[{i}]"
         check_host_id(table.dst_host, f"{where}.dst_host")
+        if table.dst_address:
+            check_address(table.dst_address, f"{where}.dst_address")
+        for name in ("probed_unix_ms", "probes_sent", "errors"):
+            _number(getattr(table, name), f"{where}.{name}", MAX_COUNTER)
+        _text(table.last_error, f"{where}.last_error")
         _count(len(table.paths), f"{where}.paths", MAX_PATHS_PER_PEER)
         for k, path in enumerate(table.paths):
             _count(len(path.hops), f"{where}.paths[{k}].hops", MAX_HOPS)
@@ -144,6 +150,8 @@ def check_report(r: AgentReport) -> AgentReport:
             _count(len(path.sports), f"{where}.paths[{k}].sports", MAX_SPORTS)
             for s, port in enumerate(path.sports):
                 _number(port, f"{where}.paths[{k}].sports[{s}]", 65535, 1)
+            _number(path.verified_unix_ms, f"{where}.paths[{k}].verified_unix_ms", MAX_COUNTER)
+        _unique((p.hops for p in table.paths), f"{where}.paths")
     _unique((t.dst_host for t in r.paths), "paths")
     _count(len(r.links), "links", MAX_LINKS)
     for i, link in enumerate(r.links):
@@ -168,4 +176,7 @@ def check_host_plan(hp: HostPlan, host_id: str) -> HostPlan:
             for n, addr in enumerate(r.peer_addresses):
                 check_address(addr, f"{where}.routes[{k}].peer_addresses[{n}]")
     _unique((a.job_id for a in hp.jobs), "jobs")
+    _count(len(hp.reprobe), "reprobe", MAX_PATH_TABLES)
+    for i, peer in enumerate(hp.reprobe):
+        check_host_id(peer, f"reprobe[{i}]")
     return hp

@@ -25,10 +25,12 @@ from cruxd.daemon.config_model import (
     Config,
     LeaderConfig,
     MetricsConfig,
+    ProbingConfig,
     TlsConfig,
     changed_keys,
     restart_required,
 )
+from cruxd.daemon.config_probing import parse_probing
 from cruxd.daemon.config_read import (
     FieldError,
     Range,
@@ -53,6 +55,7 @@ __all__ = [
     "ConfigError",
     "LeaderConfig",
     "MetricsConfig",
+    "ProbingConfig",
     "TlsConfig",
     "changed_keys",
     "embedded_default",
@@ -157,6 +160,7 @@ def _build(doc: Mapping[str, object], source: str, base: Path | None, env: Mappi
     state_dir = d.path("state_dir") or default_state_dir(env, euid)
     runtime_dir = d.path("runtime_dir") or default_runtime_dir(env, euid)
     agent = _agent(sec["agent"], runtime_dir)
+    probing = parse_probing(sec["probing"], agent.probing == "sweep")
     leader = _leader(sec["leader"], state_dir)
     if {"agent", "leader"} <= roles and leader.agent_timeout_s <= agent.report_interval_s:
         raise sec["leader"].error(
@@ -167,7 +171,8 @@ def _build(doc: Mapping[str, object], source: str, base: Path | None, env: Mappi
         roles=roles, host_id=host_id or socket.gethostname().split(".")[0],
         state_dir=state_dir, runtime_dir=runtime_dir,
         log_level=d.choice("log_level", "info", LOG_LEVELS),
-        agent=agent, leader=leader, tls=_tls(sec["tls"]), metrics=metrics, source=source)
+        agent=agent, probing=probing, leader=leader, tls=_tls(sec["tls"]), metrics=metrics,
+        source=source)
 
 
 def _table(doc: Mapping[str, object], name: str) -> Mapping[str, object]:
@@ -190,7 +195,7 @@ def _agent(a: Section, runtime_dir: Path) -> AgentConfig:
         raise a.error("measurement_file", 'required with measurement = "replay"')
     if measurement != "replay" and measurement_file is not None:
         raise a.error("measurement_file", 'only used with measurement = "replay"')
-    probing = a.choice("probing", "static", ("static", "none"))
+    probing = a.choice("probing", "static", ("static", "sweep", "none"))
     path_table = a.path("path_table")
     if probing != "static" and path_table is not None:
         raise a.error("path_table", 'only used with probing = "static"')

@@ -34,11 +34,31 @@ class AgentConfig:
     accept_job_hints: bool
     measurement: str  # "static" | "replay"
     measurement_file: Path | None  # set exactly when measurement == "replay"
-    probing: str  # "static" | "none"
+    probing: str  # "static" | "sweep" | "none"
     path_table: Path | None
     addresses: tuple[str, ...]  # normalised IP texts; () -> discover at run time
     gpus: int | None  # None: detect with NVML
     reconnect_max_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProbingConfig:
+    """Source-port sweeps toward the peers of local jobs (agent.probing = "sweep")."""
+
+    method: str  # "ttl" | "int"
+    fabric_prefixes: tuple[str, ...]  # CIDR; probes go only to addresses inside these
+    rate_pps: float  # source ports probed per second, all peers together (hard limit)
+    interval_s: float  # re-verify each peer this often
+    sports: tuple[int, int]  # first and last source port swept
+    dport: int
+    max_probes: int  # source ports per sweep at most
+    expected_paths: int  # 0: unknown (stop by the coupon-collector rule)
+    miss: float  # accepted chance of missing a path when the count is unknown
+    max_hops: int
+    timeout_s: float  # wait for each reply
+    responder: bool  # answer other agents' INT probes
+    responder_port: int
+    responder_rate_pps: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +101,7 @@ class Config:
     runtime_dir: Path
     log_level: str
     agent: AgentConfig
+    probing: ProbingConfig
     leader: LeaderConfig
     tls: TlsConfig
     metrics: MetricsConfig
@@ -89,7 +110,8 @@ class Config:
 
 DAEMON_KEYS = ("roles", "host_id", "state_dir", "runtime_dir", "log_level")
 _SECTIONS: dict[str, type] = {
-    "agent": AgentConfig, "leader": LeaderConfig, "tls": TlsConfig, "metrics": MetricsConfig}
+    "agent": AgentConfig, "probing": ProbingConfig, "leader": LeaderConfig,
+    "tls": TlsConfig, "metrics": MetricsConfig}
 SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "daemon": DAEMON_KEYS,
     **{name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in _SECTIONS.items()},

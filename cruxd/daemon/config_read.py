@@ -192,6 +192,21 @@ class Section:
         return tuple(out)
 
 
+    def networks(self, key: str) -> tuple[str, ...]:
+        """CIDR prefixes, normalised (`10.2.0.0/16`); host bits set are refused."""
+        out: list[str] = []
+        for text in self.strings(key):
+            try:
+                net = str(ipaddress.ip_network(text))
+            except ValueError as exc:
+                raise self.error(key, f"{json.dumps(text)} is not an IP prefix ({exc})") \
+                    from None
+            if net in out:
+                raise self.error(key, f"{net} is listed twice")
+            out.append(net)
+        return tuple(out)
+
+
 def home_dir(env: Mapping[str, str]) -> str:
     return env.get("HOME") or os.path.expanduser("~")
 

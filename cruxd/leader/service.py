@@ -121,10 +121,10 @@ class Leader(lgrpc.LeaderServicer):
         lc = self.config.leader
         cfg = LeaderPlanConfig(lc.levels, lc.dscp, lc.star_nic_gbps)
         gen = (self.plan.generation if self.plan else 0) + 1
+        now = self.clock()
         try:
-            plan = await asyncio.to_thread(make_plan, plan_inputs(self.state), self.topology,
-                                           cfg, gen,
-                                           self.clock(), tuple(causes))
+            plan = await asyncio.to_thread(make_plan, plan_inputs(self.state, now), self.topology,
+                                           cfg, gen, now, tuple(causes))
         except Exception:
             LOG.exception("planning failed; agents keep plan %s",
                           self.plan.generation if self.plan else "none")

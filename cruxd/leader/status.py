@@ -25,7 +25,8 @@ def cluster_status(leader: Leader, hostname: str) -> cpb.ClusterStatus:
             host_id=host, version=inv.agent_version, last_report_age_s=now - rec.last_report,
             addresses=inv.addresses, gpus=inv.gpus, measurement_source=inv.measurement_source,
             probing_source=inv.probing_source, applied_generation=rec.applied_generation,
-            expired=rec.expired))
+            expired=rec.expired,
+            peers=[convert.peer_paths_to_pb(t) for _, t in sorted(rec.paths.items())]))
     plan = leader.plan
     planned = {a.job_id: a for a in plan.jobs} if plan else {}
     applied: dict[str, tuple[int, int]] = {}  # job -> (qps applied, total) summed over hosts

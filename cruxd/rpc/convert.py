@@ -60,9 +60,7 @@ def report_to_pb(r: AgentReport) -> lpb.AgentReport:
                   for n in h.nics],
             measurement_source=h.measurement_source, probing_source=h.probing_source),
         jobs=[local_job_to_pb(j) for j in r.jobs],
-        paths=[lpb.PathTable(dst_host=t.dst_host,
-                             paths=[lpb.ProbedPath(hops=p.hops, sports=p.sports)
-                                    for p in t.paths]) for t in r.paths],
+        paths=[path_table_to_pb(t) for t in r.paths],
         links=[lpb.LinkObservation(link=lk.link, utilization=lk.utilization,
                                    congestion_events=lk.congestion_events) for lk in r.links],
         applied_generation=r.applied_generation, seq=r.seq)
@@ -77,11 +75,32 @@ def report_from_pb(p: lpb.AgentReport) -> AgentReport:
     return AgentReport(
         host=inv,
         jobs=tuple(local_job_from_pb(j) for j in p.jobs),
-        paths=tuple(PathTable(t.dst_host, tuple(ProbedPath(tuple(x.hops), tuple(x.sports))
-                                                for x in t.paths)) for t in p.paths),
+        paths=tuple(path_table_from_pb(t) for t in p.paths),
         links=tuple(LinkObservation(lk.link, lk.utilization, lk.congestion_events)
                     for lk in p.links),
         applied_generation=p.applied_generation, seq=p.seq)
+
+
+def path_table_to_pb(t: PathTable) -> lpb.PathTable:
+    return lpb.PathTable(
+        dst_host=t.dst_host, dst_address=t.dst_address, probed_unix_ms=t.probed_unix_ms,
+        probes_sent=t.probes_sent, errors=t.errors, last_error=t.last_error,
+        paths=[lpb.ProbedPath(hops=p.hops, sports=p.sports, verified_unix_ms=p.verified_unix_ms)
+               for p in t.paths])
+
+
+def path_table_from_pb(t: lpb.PathTable) -> PathTable:
+    return PathTable(
+        t.dst_host, tuple(ProbedPath(tuple(x.hops), tuple(x.sports), x.verified_unix_ms)
+                          for x in t.paths),
+        t.dst_address, t.probed_unix_ms, t.probes_sent, t.errors, t.last_error)
+
+
+def peer_paths_to_pb(t: PathTable) -> cpb.PeerPaths:
+    """A path table as status shows it: counts, not ports."""
+    return cpb.PeerPaths(peer_host=t.dst_host, address=t.dst_address, paths=len(t.paths),
+                         probed_unix_ms=t.probed_unix_ms, probes_sent=t.probes_sent,
+                         errors=t.errors, last_error=t.last_error)
 
 
 def check_schema(revision: int) -> None:
@@ -117,10 +136,10 @@ def assignment_from_pb(p: cpb.JobDecision) -> JobAssignment:
 def host_plan_to_pb(hp: HostPlan) -> lpb.HostPlan:
     return lpb.HostPlan(schema=SCHEMA, generation=hp.generation, host_id=hp.host_id,
                         planned_unix_ms=hp.planned_unix_ms, levels=hp.levels,
-                        jobs=[assignment_to_pb(a) for a in hp.jobs])
+                        jobs=[assignment_to_pb(a) for a in hp.jobs], reprobe=hp.reprobe)
 
 
 def host_plan_from_pb(p: lpb.HostPlan) -> HostPlan:
     check_schema(p.schema)
     return HostPlan(p.generation, p.host_id, p.planned_unix_ms, p.levels,
-                    tuple(assignment_from_pb(j) for j in p.jobs))
+                    tuple(assignment_from_pb(j) for j in p.jobs), tuple(p.reprobe))

@@ -1,0 +1,151 @@
+"""The agent's path discovery: sweeps toward the peers of its local jobs.
+
+Peers come from the leader's plan (every job's routes leaving this host name them,
+planned or not), so the agent probes exactly the pairs its jobs' traffic uses. One
+sweep runs at a time in a worker thread (the probers block on raw sockets), paced
+at `probing.rate_pps`; its result replaces that peer's table and, when the paths or
+ports changed, the agent reports at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from cruxd.control.records import HostPlan, PathTable, ProbedPath
+from cruxd.daemon.config_model import ProbingConfig
+from probing.schedule import PeerState, ProbeSchedule
+from probing.sweep import Prober, SweepResult, sweep
+from probing.ttl import TtlProber
+
+LOG = logging.getLogger(__name__)
+RETRY_S = 30.0  # after a sweep that could not run at all
+
+
+class ClosingProber(Prober, Protocol):
+    def close(self) -> None: ...
+
+    def problems(self) -> tuple[int, str]:
+        """Replies ignored or missing in this prober's life, and the commonest reason."""
+        ...
+
+
+ProberFactory = Callable[[str], ClosingProber]
+
+
+class _Ttl:
+    """TtlProber with the counters in the shape the schedule records."""
+
+    def __init__(self, address: str, cfg: ProbingConfig) -> None:
+        allowed = tuple(n for n in map(ipaddress.ip_network, cfg.fabric_prefixes)
+                        if isinstance(n, ipaddress.IPv4Network))
+        self.prober = TtlProber(address, dport=cfg.dport, max_hops=cfg.max_hops,
+                                timeout_s=cfg.timeout_s, allowed=allowed)
+        self.trace = self.prober.trace
+
+    def close(self) -> None:
+        self.prober.close()
+
+    def problems(self) -> tuple[int, str]:
+        c = self.prober.counters
+        reasons = dict(c.reasons)
+        if c.timeouts:
+            reasons["no reply"] = c.timeouts
+        top = max(reasons.items(), key=lambda kv: kv[1], default=("", 0))
+        return c.ignored, f"{top[0]} ({top[1]})" if top[1] else ""
+
+
+def default_factory(cfg: ProbingConfig) -> ProberFactory:
+    def make(address: str) -> ClosingProber:
+        return _Ttl(address, cfg)  # INT probers plug in here (issue 5 note)
+    return make
+
+
+class SweepProbing:
+    def __init__(self, cfg: ProbingConfig, host_id: str, on_change: Callable[[], None],
+                 factory: ProberFactory | None = None) -> None:
+        self.cfg = cfg
+        self.host_id = host_id
+        self.name = f"sweep ({cfg.method})"
+        self.on_change = on_change
+        self.factory = factory or default_factory(cfg)
+        self.schedule = ProbeSchedule(tuple(map(ipaddress.ip_network, cfg.fabric_prefixes)),
+                                      cfg.interval_s)
+        self.sweeps = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # --- what the agent reports ----------------------------------------------
+    def paths(self) -> tuple[PathTable, ...]:
+        out = [PathTable(p.host, tuple(ProbedPath(k.hops, k.sports, k.verified_unix_ms)
+                                       for k in p.paths), p.address, p.probed_unix_ms,
+                         p.probes_sent, p.errors, p.last_error)
+               for p in sorted(self.schedule.peers.values(), key=lambda p: p.host)]
+        out += [PathTable(host, (), last_error=why)
+                for host, why in sorted(self.schedule.refused.items())]
+        return tuple(out)
+
+    # --- inputs --------------------------------------------------------------
+    def plan_changed(self, hp: HostPlan) -> None:
+        peers: dict[str, list[str]] = {}
+        for a in hp.jobs:
+            for r in a.routes:
+                if r.src_host == self.host_id and r.peer_host != self.host_id:
+                    peers.setdefault(r.peer_host, []).extend(r.peer_addresses)
+        now = time.monotonic()
+        if self.schedule.set_peers(peers, now):
+            self.on_change()  # refused peers show up in the next report
+        self.schedule.request(hp.reprobe, now)
+        self._wake.set()
+
+    # --- the loop ------------------------------------------------------------
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="sweeps")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            peer = self.schedule.next_due()
+            wait = None if peer is None else peer.due - time.monotonic()
+            if wait is None or wait > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                continue
+            assert peer is not None
+            try:
+                result, errors, why = await asyncio.to_thread(self._sweep, peer)
+            except OSError as exc:
+                LOG.warning("cannot probe %s (%s): %s", peer.host, peer.address, exc)
+                self.schedule.failed(peer.host, str(exc), time.monotonic(), RETRY_S)
+                self.on_change()
+                continue
+            self.sweeps += 1
+            changed = self.schedule.record(peer.host, result, errors, why, time.monotonic(),
+                                           int(time.time() * 1000))
+            LOG.info("swept %s (%s): %d path(s), %d probe(s), stopped: %s%s", peer.host,
+                     peer.address, len(result.paths), result.probes_sent, result.stopped,
+                     "; paths changed" if changed else "")
+            self.on_change()  # report the new verification times too
+
+    def _sweep(self, peer: PeerState) -> tuple[SweepResult, int, str]:
+        cfg = self.cfg
+        prober = self.factory(peer.address)
+        try:
+            ports = self.schedule.sports(peer, range(cfg.sports[0], cfg.sports[1] + 1))
+            result = sweep(prober, peer.host, ports, expected=cfg.expected_paths or None,
+                           max_probes=cfg.max_probes, miss=cfg.miss, rate_pps=cfg.rate_pps)
+            errors, why = prober.problems()
+            return result, errors, why
+        finally:
+            prober.close()

@@ -1,0 +1,45 @@
+"""The [probing] section: how an agent sweeps paths toward its jobs' peers."""
+
+from __future__ import annotations
+
+from cruxd.daemon.config_model import ProbingConfig
+from cruxd.daemon.config_read import Range, Section
+
+# One sweep at a time over all peers: this caps probe traffic per host whatever
+# the configuration says (a 3-hop TTL trace is 3-4 datagrams of 80 bytes per port).
+MAX_RATE_PPS = 1000.0
+
+
+def parse_probing(p: Section, sweep: bool) -> ProbingConfig:
+    """`sweep`: whether agent.probing is "sweep" (then fabric_prefixes is required)."""
+    prefixes = p.networks("fabric_prefixes")
+    if sweep and not prefixes:
+        raise p.error("fabric_prefixes", 'required with agent.probing = "sweep": the '
+                      "prefixes of the fabric's host and switch addresses, e.g. "
+                      '["10.0.0.0/8"]; probes go nowhere else and replies from elsewhere '
+                      "are ignored")
+    text = p.string("sports", "49152-65535")
+    lo, sep, hi = text.partition("-")
+    try:
+        first, last = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise p.error("sports", f'expected "LO-HI", got "{text}"') from None
+    if not 1 <= first <= last <= 65535:
+        raise p.error("sports", f"ports must satisfy 1 <= LO <= HI <= 65535, got {text}")
+    return ProbingConfig(
+        method=p.choice("method", "ttl", ("ttl", "int")),
+        fabric_prefixes=prefixes,
+        rate_pps=p.number("rate_pps", 200.0, Range(0, MAX_RATE_PPS, lo_open=True)),
+        interval_s=p.number("interval_s", 300.0, Range(1, 86400)),
+        sports=(first, last),
+        dport=p.integer("dport", 4791, Range(1, 65535)),
+        max_probes=p.integer("max_probes", 1024, Range(1, 65536)),
+        expected_paths=p.integer("expected_paths", 0, Range(0, 256)),
+        miss=p.number("miss", 1e-3, Range(0, 0.5, lo_open=True)),
+        max_hops=p.integer("max_hops", 8, Range(1, 32)),
+        timeout_s=p.number("timeout_s", 0.5, Range(0.01, 10)),
+        responder=p.boolean("responder", True),
+        responder_port=p.integer("responder_port", 4791, Range(1, 65535)),
+        responder_rate_pps=p.number("responder_rate_pps", 1000.0,
+                                    Range(0, 100000, lo_open=True)),
+    )

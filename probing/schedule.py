@@ -1,0 +1,114 @@
+"""Which peer to probe next, and what is known toward each (pure: the clock is passed in).
+
+A peer is swept when it first appears, every `interval_s` after that, and at once
+when asked (the leader saw a hop on its paths go down). A sweep starts from the
+ports of the paths already known, so each known path is re-verified by its own
+port's first probe and keeps that port (the decision table does not churn); a
+path whose port now leads elsewhere, or nowhere, is dropped. Only peers inside the
+fabric prefixes are ever probed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from probing.sweep import SweepResult
+
+
+@dataclass(frozen=True, slots=True)
+class KnownPath:
+    hops: tuple[str, ...]
+    sports: tuple[int, ...]
+    verified_unix_ms: int
+
+
+@dataclass
+class PeerState:
+    host: str
+    address: str
+    paths: tuple[KnownPath, ...] = ()
+    probed_unix_ms: int = 0
+    probes_sent: int = 0
+    errors: int = 0
+    last_error: str = ""
+    due: float = 0.0  # monotonic seconds
+
+
+@dataclass
+class ProbeSchedule:
+    prefixes: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    interval_s: float = 300.0
+    peers: dict[str, PeerState] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # host -> why it is not probed
+
+    def inside(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in net for net in self.prefixes)
+
+    def set_peers(self, peers: Mapping[str, Iterable[str]], now: float) -> bool:
+        """The peer hosts to keep probing, with their addresses (the first one inside
+        the fabric is probed). Returns whether the set changed."""
+        wanted: dict[str, str] = {}
+        self.refused = {}
+        for host, addresses in peers.items():
+            addrs = list(addresses)
+            inside = [a for a in addrs if self.inside(a)]
+            if inside:
+                wanted[host] = inside[0]
+            else:
+                self.refused[host] = (f"no address inside the fabric prefixes "
+                                      f"({', '.join(addrs) or 'none known'})")
+        changed = wanted.keys() != self.peers.keys()
+        for host in list(self.peers):
+            if host not in wanted:
+                del self.peers[host]
+        for host, address in wanted.items():
+            old = self.peers.get(host)
+            if old is None or old.address != address:
+                self.peers[host] = PeerState(host, address, due=now)
+                changed = True
+        return changed
+
+    def request(self, hosts: Iterable[str], now: float) -> None:
+        for h in hosts:
+            if h in self.peers:
+                self.peers[h].due = min(self.peers[h].due, now)
+
+    def next_due(self) -> PeerState | None:
+        return min(self.peers.values(), key=lambda p: (p.due, p.host), default=None)
+
+    def sports(self, peer: PeerState, sweep_ports: Iterable[int]) -> Iterator[int]:
+        """Known paths' ports first, then the sweep range (each port once)."""
+        first = [p.sports[0] for p in peer.paths if p.sports]
+        yield from first
+        skip = set(first)
+        yield from (s for s in sweep_ports if s not in skip)
+
+    def record(self, host: str, result: SweepResult, errors: int, last_error: str,
+               now: float, now_unix_ms: int) -> bool:
+        """A finished sweep toward `host`; returns whether its paths or ports changed."""
+        peer = self.peers.get(host)
+        if peer is None:  # dropped while it was being swept
+            return False
+        before = {(p.hops, p.sports) for p in peer.paths}
+        peer.paths = tuple(KnownPath(hops, tuple(ports), now_unix_ms)
+                           for hops, ports in sorted(result.paths.items()))
+        peer.probed_unix_ms = now_unix_ms
+        peer.probes_sent = result.probes_sent
+        peer.errors = errors + result.unanswered
+        peer.last_error = last_error
+        peer.due = now + self.interval_s
+        return before != {(p.hops, p.sports) for p in peer.paths}
+
+    def failed(self, host: str, error: str, now: float, retry_s: float) -> None:
+        """A sweep that could not run (socket error): try again after `retry_s`."""
+        peer = self.peers.get(host)
+        if peer is not None:
+            peer.errors += 1
+            peer.last_error = error
+            peer.due = now + retry_s
