@@ -1,5 +1,7 @@
-"""The far end of an INT probe: echo the INT data a probe collected back to its
-source, so the source learns the path without a collector or telemetry reports.
+"""The far end of a probe: echo the INT data a probe collected back to its source,
+so the source learns the path without a collector or telemetry reports, and tell
+a TTL trace that its last datagram arrived (probing.ttl.TTL_ECHO), since this
+socket holding the data's port means the kernel sends no port unreachable.
 
 Safe to leave running on every host: an echo is exactly as long as its probe (only
 the trailer's marker changes, see int_md.echo_of), echoes are never answered (two
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 from probing import int_md
 from probing.sweep import ROCE_DPORT
+from probing.ttl import ttl_echo_of
 
 
 @dataclass
@@ -127,6 +130,10 @@ class ProbeResponder:
         if self.allowed and not any(ipaddress.IPv4Address(host) in net for net in self.allowed):
             self.counters.ignore("outside the fabric")
             return
+        ttl_echo = ttl_echo_of(data)
+        if ttl_echo is not None:  # the last datagram of a TTL trace: say it arrived
+            self._answer(ttl_echo, host, port)
+            return
         report = int_md.parse(data)
         if report is None or port == 0:
             self.counters.ignore("malformed")
@@ -134,11 +141,17 @@ class ProbeResponder:
         if report.echo:
             self.counters.ignore("not a probe")  # never answer an echo: no loops
             return
+        self._answer(int_md.echo_of(data), host, port)
+
+    def _answer(self, echo: bytes, host: str, port: int) -> None:
+        if port == 0:
+            self.counters.ignore("malformed")
+            return
         if not self.bucket.take():
             self.counters.ignore("rate-limited")
             return
         try:
-            self._sock.sendto(int_md.echo_of(data), (host, port))
+            self._sock.sendto(echo, (host, port))
         except OSError:  # a full send buffer drops the echo, as a congested link would
             self.counters.ignore("send failed")
             return

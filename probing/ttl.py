@@ -1,11 +1,14 @@
 """Hop identification by TTL expiry: a UDP probe with the data's 5-tuple and TTL t
-expires at the t-th router, whose ICMP time-exceeded names it; the peer's port
-unreachable ends the trace. Needs CAP_NET_RAW for the raw ICMP socket.
+expires at the t-th router, whose ICMP time-exceeded names it. The trace ends at
+the peer: its ICMP port unreachable, or, where a crux probe responder holds the
+port, the responder's echo of the probe (same size, marker TTL_ECHO). Needs
+CAP_NET_RAW for the raw ICMP socket.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import secrets
 import select
 import socket
 import time
@@ -13,6 +16,20 @@ from dataclasses import dataclass, field
 
 from probing.icmp import IcmpReply, parse_reply
 from probing.sweep import ROCE_DPORT
+
+TTL_PROBE = b"crux-ttl"  # + 8-byte nonce: a TTL probe's payload
+TTL_ECHO = b"crux-tte"  # the responder's answer to one that reached it
+
+
+def ttl_echo_of(payload: bytes) -> bytes | None:
+    """The responder's answer to a TTL probe payload; None if it is not one."""
+    if len(payload) == len(TTL_PROBE) + 8 and payload.startswith(TTL_PROBE):
+        return TTL_ECHO + payload[len(TTL_PROBE):]
+    return None
+
+
+# the peer's responder echoed the probe: the trace is complete
+REACHED = IcmpReply("", 0, 0, "", 0, 0, 0)
 
 
 @dataclass
@@ -53,28 +70,44 @@ class TtlProber:
 
     def trace(self, sport: int) -> tuple[str, ...] | None:
         hops: list[str] = []
+        nonce = secrets.token_bytes(8)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
             udp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             udp.bind(("", sport))
             for ttl in range(1, self.max_hops + 1):
                 udp.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
-                udp.sendto(b"crux-probe", (self.peer, self.dport))
+                udp.sendto(TTL_PROBE + nonce, (self.peer, self.dport))
                 self.counters.sent += 1
-                reply = self._await(sport)
+                reply = self._await(sport, udp, TTL_ECHO + nonce)
                 if reply is None:
                     self.counters.timeouts += 1
                     return None  # a silent hop: no signature we can trust
-                if reply.reached:
+                if reply is REACHED or reply.reached:
                     return tuple(hops)
                 hops.append(reply.responder)
         return None
 
-    def _await(self, sport: int) -> IcmpReply | None:
+    def _echoed(self, udp: socket.socket, echo: bytes) -> bool:
+        try:
+            data, (host, port) = udp.recvfrom(64)
+        except OSError:  # e.g. an ICMP error queued on the socket; the raw socket has it
+            return False
+        if (host, port) == (self.peer, self.dport) and data == echo:
+            return True
+        self.counters.ignore("not ours")
+        return False
+
+    def _await(self, sport: int, udp: socket.socket, echo: bytes) -> IcmpReply | None:
         end = time.monotonic() + self.timeout_s
         while (left := end - time.monotonic()) > 0:
-            ready, _, _ = select.select([self._icmp], [], [], left)
+            ready, _, _ = select.select([self._icmp, udp], [], [], left)
             if not ready:
                 break
+            if udp in ready and self._echoed(udp, echo):
+                self.counters.replies += 1
+                return REACHED
+            if self._icmp not in ready:
+                continue
             data, _ = self._icmp.recvfrom(2048)
             reply = parse_reply(data)
             if reply is None:

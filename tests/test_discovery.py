@@ -73,6 +73,20 @@ def test_aliases_links_and_tiers_of_a_two_spine_clos() -> None:
     assert [x.sports for x in p] == [(49154,), (49170,)]
 
 
+def test_int_node_ids_name_routers_without_aliasing() -> None:
+    """Node ids are routers: the spine preceded by both leaves stays one node and the
+    leaves stay two (the ingress-address rule would wrongly merge them)."""
+    def t(src_leaf: str, dst_leaf: str, dst: str) -> PathTable:
+        return PathTable(dst, tuple(ProbedPath((src_leaf, f"node:{s}", dst_leaf), (49152 + s,))
+                                    for s in (100, 101)), addr(int(dst[1:])))
+    tables = {"h0": {"h2": t("node:1", "node:2", "h2")}, "h2": {"h0": t("node:2", "node:1", "h0")}}
+    fabric = discover(tables, nics(), 100.0)
+    assert fabric is not None
+    assert sorted(fabric.routers) == ["node:1", "node:100", "node:101", "node:2"]
+    links = {lk.name for lk in fabric.topology.links}
+    assert {"node:1->node:100", "node:100->node:2", "node:2->node:100"} <= links
+
+
 def test_nothing_probed_is_no_fabric_and_hop_host_clash_is_refused() -> None:
     assert discover({"h0": {}}, nics(1), 100.0) is None
     bad = {"h0": {"h1": PathTable("h1", (ProbedPath(("h1",), (49152,)),))}}

@@ -45,5 +45,6 @@ def test_ttl_expiry_names_the_spine_a_port_takes() -> None:
         for port in (0xC000, 0xC00F, 0xE001):
             hops = trace_from(f, "h0", "h1", port)
             assert hops is not None and len(hops) == 3, hops  # leaf, spine, leaf
+            assert spine_of(hops[2]) == spine_of(hops[1]), hops  # leaf 1 names that link
             delta = f.spine_tx_delta("h0", "h1", [port], count=20)
             assert delta.index(max(delta)) == spine_of(hops[1]), (port, hops, delta)

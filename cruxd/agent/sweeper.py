@@ -19,6 +19,8 @@ from typing import Protocol
 
 from cruxd.control.records import HostPlan, PathTable, ProbedPath
 from cruxd.daemon.config_model import ProbingConfig
+from probing.int_prober import IntProber
+from probing.responder import ProbeResponder
 from probing.schedule import PeerState, ProbeSchedule
 from probing.sweep import Prober, SweepResult, sweep
 from probing.ttl import TtlProber
@@ -38,31 +40,55 @@ class ClosingProber(Prober, Protocol):
 ProberFactory = Callable[[str], ClosingProber]
 
 
-class _Ttl:
-    """TtlProber with the counters in the shape the schedule records."""
+def _v4(prefixes: tuple[str, ...]) -> tuple[ipaddress.IPv4Network, ...]:
+    return tuple(n for n in map(ipaddress.ip_network, prefixes)
+                 if isinstance(n, ipaddress.IPv4Network))
+
+
+class _Probers:
+    """TTL, or INT with TTL for the ports whose probes come back with no INT hop
+    (a fabric without INT-capable switches); counters in the schedule's shape."""
 
     def __init__(self, address: str, cfg: ProbingConfig) -> None:
-        allowed = tuple(n for n in map(ipaddress.ip_network, cfg.fabric_prefixes)
-                        if isinstance(n, ipaddress.IPv4Network))
-        self.prober = TtlProber(address, dport=cfg.dport, max_hops=cfg.max_hops,
-                                timeout_s=cfg.timeout_s, allowed=allowed)
-        self.trace = self.prober.trace
+        allowed = _v4(cfg.fabric_prefixes)
+        self.ttl = TtlProber(address, dport=cfg.dport, max_hops=cfg.max_hops,
+                             timeout_s=cfg.timeout_s, allowed=allowed)
+        self.int = IntProber(address, dport=cfg.dport, max_hops=cfg.max_hops,
+                             timeout_s=cfg.timeout_s, allowed=allowed) \
+            if cfg.method == "int" else None
+
+    def trace(self, sport: int) -> tuple[str, ...] | None:
+        if self.int is None:
+            return self.ttl.trace(sport)
+        before = self.int.counters.reasons.get("no INT hops", 0)
+        hops = self.int.trace(sport)
+        if hops is None and self.int.counters.reasons.get("no INT hops", 0) > before:
+            return self.ttl.trace(sport)
+        return hops
 
     def close(self) -> None:
-        self.prober.close()
+        self.ttl.close()
+        if self.int is not None:
+            self.int.close()
 
     def problems(self) -> tuple[int, str]:
-        c = self.prober.counters
-        reasons = dict(c.reasons)
-        if c.timeouts:
-            reasons["no reply"] = c.timeouts
+        ignored, reasons = 0, {}
+        for p in (self.ttl, self.int):
+            if p is None:
+                continue
+            c = p.counters
+            ignored += c.ignored + c.timeouts
+            for why, n in c.reasons.items():
+                reasons[why] = reasons.get(why, 0) + n
+            if c.timeouts:
+                reasons["no reply"] = reasons.get("no reply", 0) + c.timeouts
         top = max(reasons.items(), key=lambda kv: kv[1], default=("", 0))
-        return c.ignored, f"{top[0]} ({top[1]})" if top[1] else ""
+        return ignored, f"{top[0]} ({top[1]})" if top[1] else ""
 
 
 def default_factory(cfg: ProbingConfig) -> ProberFactory:
     def make(address: str) -> ClosingProber:
-        return _Ttl(address, cfg)  # INT probers plug in here (issue 5 note)
+        return _Probers(address, cfg)
     return make
 
 
@@ -77,6 +103,8 @@ class SweepProbing:
         self.schedule = ProbeSchedule(tuple(map(ipaddress.ip_network, cfg.fabric_prefixes)),
                                       cfg.interval_s)
         self.sweeps = 0
+        self.responder: ProbeResponder | None = None
+        self.responder_error = ""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -106,8 +134,29 @@ class SweepProbing:
     # --- the loop ------------------------------------------------------------
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="sweeps")
+        if self.cfg.responder:
+            self._start_responder()
+
+    def _start_responder(self) -> None:
+        """Answer other agents' probes; where the port is taken (a RoCE stack owns
+        4791) run without: TTL traces still end at the kernel's port unreachable."""
+        cfg = self.cfg
+        try:
+            self.responder = ProbeResponder(port=cfg.responder_port,
+                                            rate_pps=cfg.responder_rate_pps,
+                                            allowed=_v4(cfg.fabric_prefixes))
+        except OSError as exc:
+            self.responder_error = f"UDP port {cfg.responder_port}: {exc.strerror or exc}"
+            LOG.warning("probe responder disabled: %s", self.responder_error)
+            return
+        asyncio.get_running_loop().add_reader(self.responder.fileno(),
+                                              self.responder.handle_readable)
 
     async def stop(self) -> None:
+        if self.responder is not None:
+            asyncio.get_running_loop().remove_reader(self.responder.fileno())
+            self.responder.close()
+            self.responder = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

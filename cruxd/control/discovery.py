@@ -123,6 +123,8 @@ def discover(tables: Mapping[str, Mapping[str, PathTable]], nics: Mapping[str, t
 
 
 def _tie(aliases: _Aliases, ingress_of: dict[str, str], hop: str, prev: str) -> None:
+    if _order(prev)[0]:
+        return  # an INT node id names its router already; never merge two of them
     seen = ingress_of.setdefault(hop, prev)
     aliases.union(seen, prev)
 

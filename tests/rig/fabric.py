@@ -3,7 +3,22 @@
 Hosts hang off leaves, every leaf connects to every spine, and the kernel does the
 switching: leaves forward with L4 ECMP (`fib_multipath_hash_policy=1`, one
 nexthop per spine), decrement TTL and answer with ICMP time-exceeded, so probing,
-path steering and priority queues are tested against the real thing.
+path steering and priority queues are tested against the real thing. Routers answer
+from the interface the probe arrived on (`icmp_errors_use_inbound_ifaddr`), so each
+hop address names the link a probe came over: a cross-leaf trace reads
+10.2.k.1 (its leaf), 10.3.(l*32+s).2 (spine s), 10.3.(m*32+s).1 (leaf m, from spine s).
+
+ECMP modes (`ecmp=`):
+    "kernel"  the kernel's multipath hash (siphash of the flow keys, keyed randomly at
+              boot unless fib_multipath_hash_seed is set): unknown to the prober, as
+              a real fabric's hash usually is.
+    "jhash"   a known hash: each leaf's nftables prerouting chain marks UDP with
+              `jhash <hash_fields> mod <spines> seed <hash_seed> offset 1`, and
+              `ip rule fwmark s+1 table 100+s` sends mark s+1 over spine s (per-spine
+              tables hold the remote host prefixes only). `hash_model()` is the
+              probing.hashmodel model of that rule. Non-UDP traffic (ICMP) keeps the
+              kernel's multipath route.
+`link_mbit` rate-limits every switch egress port (HTB, via `priority_queues`).
 
 Addressing (k: global host index, l: leaf, s: spine):
     host k  <-> its leaf   10.2.k.0/24   leaf .1, host .2 (the host's fabric address)
@@ -24,6 +39,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from probing.hashmodel import HashModel
+
 MAX_SPINES = 32
 MAX_HOSTS = 250
 
@@ -41,6 +58,22 @@ def can_build() -> str | None:
     return None
 
 
+def can_build_jhash() -> str | None:
+    """None when a fabric with ecmp="jhash" can be built here, else the reason."""
+    if (why := can_build()) is not None:
+        return why
+    if shutil.which("nft") is None:
+        return "ecmp='jhash' needs nftables (nft); apt-get install nftables"
+    return None
+
+
+# the nft expression loading each 5-tuple field (each into its own 32-bit register,
+# which is the key layout probing.hashmodel's "jhash" assumes)
+NFT_FIELDS = {"src": "ip saddr", "dst": "ip daddr", "proto": "meta l4proto",
+              "sport": "udp sport", "dport": "udp dport"}
+MARK_TABLE = 100  # mark s+1 -> routing table MARK_TABLE+s -> spine s
+
+
 def _run(*cmd: str, stdin: str | None = None) -> str:
     proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
@@ -53,6 +86,10 @@ class Fabric:
     hosts_per_leaf: int = 2
     leaves: int = 2
     spines: int = 2
+    ecmp: str = "kernel"  # | "jhash" (see the module docstring)
+    hash_seed: int = 0
+    hash_fields: tuple[str, ...] = ("src", "dst", "sport", "dport")
+    link_mbit: float | None = None
     prefix: str = field(default_factory=lambda: f"crx{secrets.token_hex(3)}")
     created: list[str] = field(default_factory=list)
 
@@ -61,6 +98,12 @@ class Fabric:
             raise ValueError(f"spines must be 1..{MAX_SPINES}")
         if not 1 <= self.leaves * self.hosts_per_leaf <= MAX_HOSTS:
             raise ValueError(f"at most {MAX_HOSTS} hosts")
+        if self.ecmp not in ("kernel", "jhash"):
+            raise ValueError("ecmp must be 'kernel' or 'jhash'")
+        if self.ecmp == "jhash":
+            if self.spines < 2:
+                raise ValueError("ecmp='jhash' needs >= 2 spines (nft: mod >= 2)")
+            self.hash_model()  # validates seed and fields
 
     # --- names and addresses -------------------------------------------------
     def ns(self, node: str) -> str:
@@ -80,6 +123,21 @@ class Fabric:
         """The leaf's interface toward `spine` (counters: `tx_packets`)."""
         return f"s{spine}"
 
+    def hash_model(self) -> HashModel:
+        """The model of the leaves' nft rule (ecmp="jhash"): path index = spine."""
+        return HashModel("jhash", self.hash_seed, self.hash_fields, "reciprocal")
+
+    def nft_rules(self) -> str:
+        """The nft script each leaf loads in ecmp="jhash" mode."""
+        key = " . ".join(NFT_FIELDS[f] for f in self.hash_fields)
+        return (f"table ip crux_ecmp {{\n"
+                f"  chain pre {{\n"
+                f"    type filter hook prerouting priority mangle; policy accept;\n"
+                f"    meta l4proto udp meta mark set jhash {key} mod {self.spines} "
+                f"seed {self.hash_seed:#x} offset 1\n"
+                f"  }}\n"
+                f"}}\n")
+
     # --- build -----------------------------------------------------------------
     def __enter__(self) -> Fabric:
         try:
@@ -98,11 +156,17 @@ class Fabric:
         self.created.append(name)
         cmds = ["link set lo up"]
         _run("ip", "-n", name, "-batch", "-", stdin="\n".join(cmds) + "\n")
-        # no ICMP rate limit anywhere: probes are paced by the prober, not the kernel
-        settings = [("net.ipv4.icmp_ratelimit", "0")]
+        # no ICMP rate limit anywhere: probes are paced by the prober, not the kernel.
+        # icmp_ratelimit is the per-destination limit; the ratemask also exempts every
+        # type from the global icmp_msgs_per_sec/burst one, which otherwise dropped ~1 %
+        # of time-exceeded replies in fast sweeps
+        settings = [("net.ipv4.icmp_ratelimit", "0"), ("net.ipv4.icmp_ratemask", "0")]
         if forward:
             settings += [("net.ipv4.ip_forward", "1"),
-                         ("net.ipv4.fib_multipath_hash_policy", "1")]
+                         ("net.ipv4.fib_multipath_hash_policy", "1"),
+                         # time-exceeded from the address the probe arrived on, not
+                         # from the reply's way out: a hop then names its link
+                         ("net.ipv4.icmp_errors_use_inbound_ifaddr", "1")]
         for key, val in settings:
             _run("ip", "netns", "exec", name, "sysctl", "-qw", f"{key}={val}")
 
@@ -140,8 +204,35 @@ class Fabric:
                 hops = " ".join(f"nexthop via 10.3.{leaf * MAX_SPINES + s}.2"
                                 for s in range(self.spines))
                 routes.setdefault(f"l{leaf}", []).append(f"route add 10.2.{k}.0/24 {hops}")
+                if self.ecmp == "jhash":
+                    routes[f"l{leaf}"] += [
+                        f"route add 10.2.{k}.0/24 via 10.3.{leaf * MAX_SPINES + s}.2 "
+                        f"table {MARK_TABLE + s}" for s in range(self.spines)]
+        if self.ecmp == "jhash":
+            for leaf in range(self.leaves):
+                # a marked packet whose destination is not in its spine's table (a local
+                # host) falls through to the main table
+                routes.setdefault(f"l{leaf}", []).extend(
+                    f"rule add fwmark {s + 1} table {MARK_TABLE + s} pref {1000 + s}"
+                    for s in range(self.spines))
+                _run("ip", "netns", "exec", self.ns(f"l{leaf}"), "nft", "-f", "-",
+                     stdin=self.nft_rules())
         for node, cmds in routes.items():
             _run("ip", "-n", self.ns(node), "-batch", "-", stdin="\n".join(cmds) + "\n")
+        if self.link_mbit is not None:
+            for node, ifnames in self._switch_ports().items():
+                for ifname in ifnames:
+                    self.priority_queues(node, ifname, self.link_mbit, dscp_by_level=[0])
+
+    def _switch_ports(self) -> dict[str, list[str]]:
+        """Every switch's egress interfaces: leaves' host and spine ports, spines' leaf ports."""
+        ports = {f"l{leaf}": [f"s{s}" for s in range(self.spines)]
+                 for leaf in range(self.leaves)}
+        for h in self.host_names:
+            ports[f"l{self.leaf_of(h)}"].append(h)
+        for s in range(self.spines):
+            ports[f"s{s}"] = [f"l{leaf}" for leaf in range(self.leaves)]
+        return ports
 
     def close(self) -> None:
         while self.created:

@@ -2,48 +2,75 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Any
 
+from probing.hashmodel import HashModel
 from tests.rig.fabric import MAX_SPINES, Fabric
 
 _SCRIPT = """
 import json, sys
+from probing.guided import guided_sweep
+from probing.hashmodel import HashModel
 from probing.sweep import ROCE_SPORTS, sweep
 from probing.ttl import TtlProber
-peer, expected, per_path, budget, port = sys.argv[1:6]
+peer, args = sys.argv[1], json.loads(sys.argv[2])
+sports = range(args.get("start", ROCE_SPORTS.start), ROCE_SPORTS.stop)
 with TtlProber(peer) as p:
-    if port:
-        print(json.dumps({"hops": p.trace(int(port))}))
+    if args.get("port"):
+        print(json.dumps({"hops": p.trace(args["port"])}))
+        sys.exit()
+    if args.get("model"):
+        model = HashModel(**{**args["model"], "fields": tuple(args["model"]["fields"])})
+        doc = guided_sweep(p, model, peer, args["src"], args["n_paths"], sports=sports,
+                           expected=args.get("expected"),
+                           max_probes=args["max_probes"]).to_json()
     else:
-        doc = sweep(p, peer, ROCE_SPORTS, expected=int(expected) if expected else None,
-                    ports_per_path=int(per_path), max_probes=int(budget)).to_json()
-        doc["ignored"] = p.counters.ignored
-        print(json.dumps(doc))
+        doc = sweep(p, peer, sports, expected=args.get("expected"),
+                    ports_per_path=args["per_path"], max_probes=args["max_probes"]).to_json()
+    doc["ignored"] = p.counters.ignored
+    doc["datagrams"] = p.counters.sent
+    print(json.dumps(doc))
 """
 
 
-def _run(f: Fabric, src: str, dst: str, *args: str) -> Any:
-    run = f.exec(src, sys.executable, "-c", _SCRIPT, f.address(dst), *args, timeout=120)
+def _run(f: Fabric, node: str, peer: str, args: dict[str, Any]) -> Any:
+    run = f.exec(node, sys.executable, "-c", _SCRIPT, f.address(peer), json.dumps(args),
+                 timeout=120)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
 
 
 def sweep_from(f: Fabric, src: str, dst: str, *, expected: int | None = None,
-               ports_per_path: int = 1, max_probes: int = 400) -> dict[str, Any]:
-    """One sweep from `src` toward `dst`: SweepResult.to_json() plus `ignored` replies."""
-    doc: dict[str, Any] = _run(f, src, dst, str(expected or ""), str(ports_per_path),
-                               str(max_probes), "")
+               ports_per_path: int = 1, max_probes: int = 400,
+               start: int | None = None) -> dict[str, Any]:
+    """One sweep from `src` toward `dst` (ports from `start`, default 0xC000, upward):
+    SweepResult.to_json() plus `ignored` replies and `datagrams` sent."""
+    args = {"expected": expected, "per_path": ports_per_path, "max_probes": max_probes}
+    if start is not None:
+        args["start"] = start
+    doc: dict[str, Any] = _run(f, src, dst, args)
+    return doc
+
+
+def guided_from(f: Fabric, src: str, dst: str, model: HashModel, n_paths: int, *,
+                expected: int | None = None, max_probes: int = 400) -> dict[str, Any]:
+    """probing.guided.guided_sweep from `src` toward `dst`: as sweep_from."""
+    doc: dict[str, Any] = _run(f, src, dst, {
+        "model": dataclasses.asdict(model), "src": f.address(src), "n_paths": n_paths,
+        "expected": expected, "max_probes": max_probes})
     return doc
 
 
 def trace_from(f: Fabric, src: str, dst: str, sport: int) -> list[str] | None:
     """The hops one probe from `sport` crosses (None: a hop did not answer)."""
-    hops: list[str] | None = _run(f, src, dst, "", "1", "1", str(sport))["hops"]
+    hops: list[str] | None = _run(f, src, dst, {"port": sport})["hops"]
     return hops
 
 
 def spine_of(hop: str) -> int:
-    """The spine a hop names: spines answer from their leaf links, 10.3.(leaf*32+s).2."""
+    """The spine a hop names: a spine answers from its link to the leaf the probe came
+    from, 10.3.(leaf*32+s).2, and the next leaf from its link to that spine, .1."""
     return int(hop.split(".")[2]) % MAX_SPINES
