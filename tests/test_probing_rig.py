@@ -18,20 +18,27 @@ pytestmark = [pytest.mark.root,
 
 @pytest.mark.parametrize("spines", [2, 4])
 def test_sweep_finds_exactly_the_spine_paths_and_they_carry_data(spines: int) -> None:
-    with Fabric(hosts_per_leaf=1, leaves=2, spines=spines) as f:
-        doc = sweep_from(f, "h0", "h1")
-        hops = [tuple(p["hops"]) for p in doc["paths"]]
-        assert len(hops) == spines and doc["stopped"] == "quiet"
-        # leaf 0 (10.2.0.1), then spine s on its leaf-0 link, then leaf 1 on its link
-        # from that same spine s (routers answer from the interface a probe came in on)
-        spines_seen = sorted(spine_of(h[1]) for h in hops)
-        assert spines_seen == list(range(spines))
-        assert all(h[0] == "10.2.0.1" and h[1] == f"10.3.{spine_of(h[1])}.2"
-                   and h[2] == f"10.3.{MAX_SPINES + spine_of(h[1])}.1" for h in hops), hops
-        for path in doc["paths"]:
-            spine = spine_of(path["hops"][1])
-            delta = f.spine_tx_delta("h0", "h1", path["sports"][:1], count=30)
-            assert delta[spine] >= 30 and sum(delta) - delta[spine] < 5, (path, delta)
+    """Every ordered pair of hosts on different leaves (2 leaves x 2 hosts)."""
+    with Fabric(hosts_per_leaf=2, leaves=2, spines=spines) as f:
+        pairs = [(a, b) for a in f.host_names for b in f.host_names
+                 if f.leaf_of(a) != f.leaf_of(b)]
+        for src, dst in pairs:
+            k, sl, dl = int(src[1:]), f.leaf_of(src), f.leaf_of(dst)
+            doc = sweep_from(f, src, dst)
+            hops = [tuple(p["hops"]) for p in doc["paths"]]
+            assert len(hops) == spines and doc["stopped"] == "quiet", (src, dst, doc)
+            # the source's leaf, then spine s on its link from that leaf, then the peer's
+            # leaf on its link from that same spine s (routers answer from the interface
+            # a probe came in on)
+            assert sorted(spine_of(h[1]) for h in hops) == list(range(spines))
+            assert all(h[0] == f"10.2.{k}.1"
+                       and h[1] == f"10.3.{sl * MAX_SPINES + spine_of(h[1])}.2"
+                       and h[2] == f"10.3.{dl * MAX_SPINES + spine_of(h[1])}.1"
+                       for h in hops), (src, dst, hops)
+            for path in doc["paths"]:
+                spine = spine_of(path["hops"][1])
+                delta = f.spine_tx_delta(src, dst, path["sports"][:1], count=30)
+                assert delta[spine] >= 30 and sum(delta) - delta[spine] < 5, (path, delta)
 
 
 def test_cruxctl_probe_json_shape() -> None:
