@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -303,3 +304,10 @@ class Fabric:
             cmds.append(f"filter add dev {ifname} parent 1: protocol ip prio 1 u32 match ip "
                         f"dsfield {dscp << 2:#x} 0xfc flowid 1:{10 + level}")
         _run("tc", "-n", ns, "-batch", "-", stdin="\n".join(cmds) + "\n")
+
+    def class_bytes(self, node: str, ifname: str) -> dict[str, int]:
+        """Bytes each HTB class of a port (see priority_queues) has sent, by class id."""
+        # this iproute2 prints classes as text even with -j
+        out = _run("tc", "-n", self.ns(node), "-s", "class", "show", "dev", ifname)
+        return {m[1]: int(m[2]) for m in re.finditer(r"class \S+ (\S+) .*\n Sent (\d+) bytes",
+                                                     out)}
