@@ -20,6 +20,18 @@ ROCE_SPORTS = range(0xC000, 0x10000)
 ROCE_DPORT = 4791
 
 
+def port_range(text: str) -> range:
+    """ "LO-HI" (or one port) as a range; ValueError says what is wrong."""
+    lo, sep, hi = text.partition("-")
+    try:
+        first, last = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise ValueError(f'expected "LO-HI", got "{text}"') from None
+    if not 1 <= first <= last <= 65535:
+        raise ValueError(f"ports must satisfy 1 <= LO <= HI <= 65535, got {text}")
+    return range(first, last + 1)
+
+
 class Prober(Protocol):
     def trace(self, sport: int) -> tuple[str, ...] | None:
         """The hops a probe from `sport` crossed, or None when it got no usable answer."""

@@ -35,14 +35,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _range(text: str) -> range:
-    lo, sep, hi = text.partition("-")
+    from probing.sweep import port_range
+
     try:
-        a, b = int(lo), int(hi if sep else lo)
-    except ValueError:
-        raise UsageError(f"--sports {text!r}: expected LO-HI") from None
-    if not 1 <= a <= b <= 65535:
-        raise UsageError(f"--sports {text!r}: ports must satisfy 1 <= LO <= HI <= 65535")
-    return range(a, b + 1)
+        return port_range(text)
+    except ValueError as exc:
+        raise UsageError(f"--sports {text!r}: {exc}") from None
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cruxd.daemon.config_model import ProbingConfig
 from cruxd.daemon.config_read import Range, Section
+from probing.sweep import port_range
 
 # One sweep at a time over all peers: this caps probe traffic per host whatever
 # the configuration says (a 3-hop TTL trace is 3-4 datagrams of 80 bytes per port).
@@ -18,20 +19,16 @@ def parse_probing(p: Section, sweep: bool) -> ProbingConfig:
                       "prefixes of the fabric's host and switch addresses, e.g. "
                       '["10.0.0.0/8"]; probes go nowhere else and replies from elsewhere '
                       "are ignored")
-    text = p.string("sports", "49152-65535")
-    lo, sep, hi = text.partition("-")
     try:
-        first, last = int(lo), int(hi if sep else lo)
-    except ValueError:
-        raise p.error("sports", f'expected "LO-HI", got "{text}"') from None
-    if not 1 <= first <= last <= 65535:
-        raise p.error("sports", f"ports must satisfy 1 <= LO <= HI <= 65535, got {text}")
+        ports = port_range(p.string("sports", "49152-65535"))
+    except ValueError as exc:
+        raise p.error("sports", str(exc)) from None
     return ProbingConfig(
         method=p.choice("method", "ttl", ("ttl", "int")),
         fabric_prefixes=prefixes,
         rate_pps=p.number("rate_pps", 200.0, Range(0, MAX_RATE_PPS, lo_open=True)),
         interval_s=p.number("interval_s", 300.0, Range(1, 86400)),
-        sports=(first, last),
+        sports=(ports.start, ports.stop - 1),
         dport=p.integer("dport", 4791, Range(1, 65535)),
         max_probes=p.integer("max_probes", 1024, Range(1, 65536)),
         expected_paths=p.integer("expected_paths", 0, Range(0, 256)),
