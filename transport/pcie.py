@@ -1,0 +1,292 @@
+"""PCIe semaphores: a priority-aware lock per shared PCIe link, in shared memory.
+
+The lock itself is C (shim/crux_pcie.h documents the grant rule, liveness and limitations);
+this module is its ctypes binding for the agent (create, stats) and Python jobs (acquire,
+release), plus `shared_links`, which finds the PCIe links worth a semaphore on this host.
+
+The library is shim/build/libcrux_pcie.so (or $CRUX_PCIE_LIB); when it is missing and `make` and
+a C compiler exist, the first use builds it with `make -C shim`.
+
+Callers fail open: `held()` proceeds without the semaphore when it cannot be had; `acquire`
+raises PcieLockError (an OSError with the errno) for the caller to decide.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_PATH", "LEVELS", "QUEUE_LEN", "LinkStats", "PcieLockError", "PcieLocks",
+    "PcieSwitch", "library_path", "load_library", "shared_links",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PATH = "/run/crux/pcie"
+LEVELS = 8  # CRUX_PCIE_LEVELS
+QUEUE_LEN = 64  # CRUX_PCIE_QUEUE
+REPO = Path(__file__).resolve().parent.parent
+SHIM = REPO / "shim"
+LIB_ENV = "CRUX_PCIE_LIB"
+
+
+class PcieLockError(OSError):
+    """A failed create/open/acquire/release; .errno holds the C side's error."""
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [
+        ("holder_pid", ctypes.c_int32),
+        ("holder_level", ctypes.c_uint32),
+        ("waiters", ctypes.c_uint32 * LEVELS),
+        ("grants", ctypes.c_uint64),
+        ("contended", ctypes.c_uint64),
+        ("recovered", ctypes.c_uint64),
+        ("repairs", ctypes.c_uint64),
+    ]
+
+
+@dataclass(frozen=True)
+class LinkStats:
+    holder_pid: int  # 0 = free
+    holder_level: int
+    waiters: tuple[int, ...]  # queued waiters per level, index = level
+    grants: int
+    contended: int  # grants that had to queue
+    recovered: int  # dead holders/waiters purged
+    repairs: int  # internal mutexes recovered after their owner died
+
+
+def library_path() -> Path:
+    env = os.environ.get(LIB_ENV)
+    return Path(env) if env else SHIM / "build" / "libcrux_pcie.so"
+
+
+_lib: ctypes.CDLL | None = None
+_lib_lock = threading.Lock()
+
+
+def _build(lib: Path) -> None:
+    make, cc = shutil.which("make"), shutil.which(os.environ.get("CC", "gcc"))
+    if make is None or cc is None or not (SHIM / "Makefile").exists():
+        raise PcieLockError(errno.ENOENT, f"{lib} is missing and cannot be built here "
+                            f"(needs make and a C compiler: run `make -C {SHIM}`)")
+    (SHIM / "build").mkdir(exist_ok=True)
+    with open(SHIM / "build" / ".lock", "w") as lock:  # concurrent test workers build once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if lib.exists():
+            return
+        run = subprocess.run([make, "-s", "-C", str(SHIM)], capture_output=True, text=True,
+                             check=False)
+        if run.returncode != 0 or not lib.exists():
+            raise PcieLockError(errno.ENOENT, f"`make -C {SHIM}` failed: {run.stderr.strip()}")
+
+
+def load_library() -> ctypes.CDLL:
+    """The C library, built first if it is missing (and buildable)."""
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        lib_path = library_path()
+        if not lib_path.exists():
+            if os.environ.get(LIB_ENV):
+                raise PcieLockError(errno.ENOENT, f"${LIB_ENV}={lib_path} does not exist")
+            _build(lib_path)
+        lib = ctypes.CDLL(str(lib_path), use_errno=True)
+        u, i = ctypes.c_uint, ctypes.c_int
+        vp, cp = ctypes.c_void_p, ctypes.c_char_p
+        for name, res, args in [
+            ("crux_pcie_create", i, [cp, u]),
+            ("crux_pcie_open", vp, [cp]),
+            ("crux_pcie_close", None, [vp]),
+            ("crux_pcie_links", u, [vp]),
+            ("crux_pcie_acquire", i, [vp, u, u]),
+            ("crux_pcie_acquire_timed", i, [vp, u, u, ctypes.c_int64]),
+            ("crux_pcie_release", i, [vp, u]),
+            ("crux_pcie_stats", i, [vp, u, ctypes.POINTER(_Stats)]),
+            ("crux_pcie__test_lock_internal", i, [vp, u]),
+        ]:
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        _lib = lib
+        return lib
+
+
+def _check(rc: int, what: str) -> None:
+    if rc < 0:
+        raise PcieLockError(-rc, f"{what}: {os.strerror(-rc)}")
+
+
+class PcieLocks:
+    """One mapping of a PCIe semaphore file. Not for use across fork: open it in the child."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._lib = load_library()
+        self.path = Path(path)
+        ctypes.set_errno(0)
+        handle = self._lib.crux_pcie_open(os.fsencode(self.path))
+        if not handle:
+            err = ctypes.get_errno() or errno.EINVAL
+            raise PcieLockError(err, f"{self.path}: {os.strerror(err)}")
+        self._handle: int | None = int(handle)
+        self.links = int(self._lib.crux_pcie_links(self._handle))
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], links: int) -> PcieLocks:
+        """Agent side: create (or atomically replace) the file with `links` free links."""
+        lib = load_library()
+        if not 0 < links <= 1024:
+            raise PcieLockError(errno.EINVAL, f"links must be 1..1024, not {links}")
+        _check(int(lib.crux_pcie_create(os.fsencode(path), links)), f"create {path}")
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> PcieLocks:
+        return cls(path)
+
+    @classmethod
+    def try_open(cls, path: str | os.PathLike[str]) -> PcieLocks | None:
+        """Fail open: None (logged) when the file is missing or not a valid semaphore file."""
+        try:
+            return cls(path)
+        except PcieLockError as e:
+            log.warning("PCIe semaphores unavailable, proceeding without: %s", e)
+            return None
+
+    def _h(self) -> int:
+        if self._handle is None:
+            raise PcieLockError(errno.EBADF, f"{self.path}: closed")
+        return self._handle
+
+    @staticmethod
+    def _args(link: int, level: int) -> None:
+        # ctypes would wrap negative ints into huge unsigned ones: the C side then says EINVAL
+        # anyway, but only for values that fit; reject the rest here.
+        if not (0 <= link < 2**32 and 0 <= level < 2**32):
+            raise PcieLockError(errno.EINVAL, f"bad link {link} or level {level}")
+
+    def acquire(self, link: int, level: int, timeout: float | None = None) -> None:
+        """Block until `link` is granted at `level` (0..7, 7 highest), or `timeout` s pass."""
+        self._args(link, level)
+        if timeout is None:
+            rc = int(self._lib.crux_pcie_acquire(self._h(), link, level))
+        else:
+            rc = int(self._lib.crux_pcie_acquire_timed(self._h(), link, level,
+                                                        max(0, int(timeout * 1e9))))
+        _check(rc, f"acquire link {link} level {level}")
+
+    def release(self, link: int) -> None:
+        self._args(link, 0)
+        _check(int(self._lib.crux_pcie_release(self._h(), link)), f"release link {link}")
+
+    @contextmanager
+    def held(self, link: int, level: int, timeout: float | None = None) -> Iterator[bool]:
+        """Hold `link` for the block; yields False (and proceeds, fail open) if it cannot."""
+        try:
+            self.acquire(link, level, timeout)
+        except PcieLockError as e:
+            log.warning("proceeding without PCIe semaphore: %s", e)
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self.release(link)
+
+    def stats(self, link: int) -> LinkStats:
+        self._args(link, 0)
+        s = _Stats()
+        _check(int(self._lib.crux_pcie_stats(self._h(), link, ctypes.byref(s))), f"stats {link}")
+        return LinkStats(holder_pid=s.holder_pid, holder_level=s.holder_level,
+                         waiters=tuple(int(w) for w in s.waiters), grants=s.grants,
+                         contended=s.contended, recovered=s.recovered, repairs=s.repairs)
+
+    def _test_lock_internal(self, link: int) -> None:
+        """Test hook: take the link's internal mutex and keep it (see crux_pcie.h)."""
+        _check(int(self._lib.crux_pcie__test_lock_internal(self._h(), link)), "lock internal")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._lib.crux_pcie_close(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> PcieLocks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---- topology ---------------------------------------------------------------------------
+
+_BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+NVIDIA = 0x10DE
+GPU_CLASSES = (0x0300, 0x0302)  # VGA controller, 3D controller (class >> 8)
+NIC_CLASSES = (0x0200, 0x0207)  # Ethernet, InfiniBand
+
+
+@dataclass(frozen=True)
+class PcieSwitch:
+    """A PCIe link shared by GPUs and NICs: the upstream link of `bridge` (a BDF)."""
+
+    bridge: str
+    gpus: tuple[str, ...]
+    nics: tuple[str, ...]
+
+
+def _read_hex(p: Path) -> int | None:
+    try:
+        return int(p.read_text().strip(), 16)
+    except (OSError, ValueError):
+        return None
+
+
+def shared_links(sysfs_root: str | os.PathLike[str] = "/sys") -> list[PcieSwitch]:
+    """The PCIe links shared by at least one NVIDIA GPU and one NIC, sorted by bridge.
+
+    Reads <root>/bus/pci/devices/* (symlinks into <root>/devices/pci*/...). A device's group is
+    its upstream switch: in the resolved path .../<root port>/<switch up>/<switch down>/<dev>,
+    the grandparent <switch up> when the parent is a switch downstream port (its own parent is
+    a PCI device too), else the parent bridge (<root port>: devices right under one root port).
+    Devices under different downstream ports of one switch share the switch's upstream link,
+    which is what the semaphore protects. The list index is the semaphore link number the agent
+    uses. Unreadable entries are skipped; no devices, no links."""
+    devices = Path(sysfs_root) / "bus" / "pci" / "devices"
+    groups: dict[str, tuple[list[str], list[str]]] = {}
+    try:
+        entries = sorted(devices.iterdir())
+    except OSError:
+        return []
+    for dev in entries:
+        cls, vendor = _read_hex(dev / "class"), _read_hex(dev / "vendor")
+        if cls is None or vendor is None:
+            continue
+        is_gpu = vendor == NVIDIA and cls >> 8 in GPU_CLASSES
+        is_nic = cls >> 8 in NIC_CLASSES
+        if not (is_gpu or is_nic):
+            continue
+        try:
+            real = dev.resolve(strict=True)
+        except (OSError, RuntimeError):
+            continue
+        parent = real.parent
+        if not _BDF.match(parent.name):
+            continue  # directly on the root complex: no bridge to share
+        key = parent.parent.name if _BDF.match(parent.parent.name) else parent.name
+        gpus, nics = groups.setdefault(key, ([], []))
+        (gpus if is_gpu else nics).append(dev.name)
+    return [PcieSwitch(bridge=k, gpus=tuple(g), nics=tuple(n))
+            for k, (g, n) in sorted(groups.items()) if g and n]
