@@ -17,7 +17,7 @@ import time
 
 from probing import int_md
 from probing.sweep import ROCE_DPORT
-from probing.ttl import ProbeCounters
+from probing.ttl import ProbeCounters, outside
 
 
 def hop_name(node_id: int) -> str:
@@ -97,8 +97,7 @@ class IntProber:
             if host != self.peer:
                 self.counters.ignore("not ours")
                 continue
-            if self.allowed and not any(ipaddress.IPv4Address(host) in net
-                                        for net in self.allowed):
+            if outside(host, self.allowed):
                 self.counters.ignore("outside the fabric")
                 continue
             report = int_md.parse(data)

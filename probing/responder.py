@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from probing import int_md
 from probing.sweep import ROCE_DPORT
-from probing.ttl import ttl_echo_of
+from probing.ttl import outside, ttl_echo_of
 
 
 @dataclass
@@ -127,7 +127,7 @@ class ProbeResponder:
 
     def _handle(self, data: bytes, host: str, port: int) -> None:
         self.counters.received += 1
-        if self.allowed and not any(ipaddress.IPv4Address(host) in net for net in self.allowed):
+        if outside(host, self.allowed):
             self.counters.ignore("outside the fabric")
             return
         ttl_echo = ttl_echo_of(data)

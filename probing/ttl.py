@@ -32,6 +32,11 @@ def ttl_echo_of(payload: bytes) -> bytes | None:
 REACHED = IcmpReply("", 0, 0, "", 0, 0, 0)
 
 
+def outside(address: str, allowed: tuple[ipaddress.IPv4Network, ...]) -> bool:
+    """Whether a reply from `address` falls outside the fabric (`allowed` empty: no limit)."""
+    return bool(allowed) and not any(ipaddress.IPv4Address(address) in net for net in allowed)
+
+
 @dataclass
 class ProbeCounters:
     sent: int = 0
@@ -116,8 +121,7 @@ class TtlProber:
             if (reply.dst, reply.sport, reply.dport) != (self.peer, sport, self.dport):
                 self.counters.ignore("not ours")
                 continue
-            if self.allowed and not any(ipaddress.IPv4Address(reply.responder) in net
-                                        for net in self.allowed):
+            if outside(reply.responder, self.allowed):
                 self.counters.ignore("outside the fabric")
                 continue
             if not (reply.expired or reply.reached):
