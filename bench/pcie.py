@@ -1,7 +1,7 @@
 """PCIe semaphore benchmark (shim/crux_pcie.c): uncontended and contended acquire+release.
 
 Protocol
-  * `make -C shim`, then shim/build/bench_pcie on a fresh file in a temp dir, link 0:
+  * `make -C shim pcie`, then shim/build/bench_pcie on a fresh file in a temp dir, link 0:
   (a) Uncontended, in C: one process, ITERS acquire+release pairs (level 3) after ITERS/10
       warm-up pairs; ns per pair = elapsed / ITERS (CLOCK_MONOTONIC around the loop).
   (b) Contended, in C: P forked processes (2, 4) hammer link 0, ITERS pairs each, levels
@@ -31,9 +31,10 @@ from pathlib import Path
 # bench/ is on sys.path when run as a script
 from tables import table
 
-from transport.pcie import SHIM, PcieLocks
+from transport.pcie import PcieLocks
+from transport.shim_build import BUILD, ensure_built
 
-BENCH = SHIM / "build" / "bench_pcie"
+BENCH = BUILD / "bench_pcie"
 
 
 def run_c(path: Path, procs: int, iters: int) -> dict[str, float]:
@@ -70,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("$ " + shlex.join(sys.orig_argv))
     print(f"# python {platform.python_version()}, {platform.machine()} x{os.cpu_count()} cores, "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
-    subprocess.run(["make", "-s", "-C", str(SHIM)], check=True)
+    ensure_built(BENCH, "pcie")
     rows = []
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "pcie"

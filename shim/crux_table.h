@@ -107,6 +107,8 @@ CRUX__CHECK(crux_table_entry, job_id, 32, 64);
 CRUX__CHECK(crux_table_entry, plan_generation, 96, 8);
 CRUX__CHECK(crux_table_entry, reserved, 104, 24);
 _Static_assert(sizeof(struct crux_table_entry) == CRUX_TABLE_ENTRY_SIZE, "entry size");
+_Static_assert(offsetof(struct crux_table_entry, peer) == 4 * 4, "peer is words 4..7");
+_Static_assert(offsetof(struct crux_table_entry, job_id) == 8 * 4, "job_id from word 8");
 /* The word-wise copies below view the structs as arrays of atomic u32. */
 _Static_assert(sizeof(_Atomic uint32_t) == sizeof(uint32_t), "atomic u32 is a plain u32");
 _Static_assert(sizeof(_Atomic uint64_t) == sizeof(uint64_t), "atomic u64 is a plain u64");
@@ -200,9 +202,25 @@ static inline int crux_table_lookup(const void *base, size_t len, const char *jo
     const struct crux_table_header *h = (const struct crux_table_header *)base;
     const struct crux_table_entry *entries = crux_table_entries(base);
     uint32_t used = crux__load32(&h->used, memory_order_acquire);
+    uint32_t want_peer[4], want_job[CRUX_JOB_ID_LEN / 4];
+    memcpy(want_peer, peer, 16);
+    memcpy(want_job, want, CRUX_JOB_ID_LEN);
     if (used > h->capacity)
         used = h->capacity;
     for (uint32_t i = 0; i < used; i++) {
+        /* Screen on the peer and job id without copying the entry: most entries differ there. A
+         * mismatch counts only if seq was even and unchanged around the peer loads; anything
+         * else gets the full seqlock read. */
+        const uint32_t *w = (const uint32_t *)&entries[i];
+        uint32_t s1 = crux__load32(&entries[i].seq, memory_order_acquire);
+        int differs = 0;
+        for (int k = 0; k < 4; k++)
+            differs |= crux__load32(&w[4 + k], memory_order_relaxed) != want_peer[k];
+        for (int k = 0; k < CRUX_JOB_ID_LEN / 4 && !differs; k++)
+            differs = crux__load32(&w[8 + k], memory_order_relaxed) != want_job[k];
+        atomic_thread_fence(memory_order_acquire);
+        if (differs && !(s1 & 1u) && crux__load32(&entries[i].seq, memory_order_relaxed) == s1)
+            continue;
         struct crux_table_entry e;
         if (crux_table_read_entry(&entries[i], &e) != 0)
             continue; /* torn for too long: treat as absent */
@@ -216,23 +234,29 @@ static inline int crux_table_lookup(const void *base, size_t len, const char *jo
     return -1;
 }
 
-/* Writer side (single writer only): replace entry *e with *val under the seqlock. The seq
- * of *val is ignored. */
-static inline void crux_table_write_entry(struct crux_table_entry *e,
-                                          const struct crux_table_entry *val)
+/* Single-writer seqlock store of one 128-byte record whose first word is its seq (decision
+ * table entries, and the shim's QP records in crux_qps.h). The seq in *val is ignored. */
+static inline void crux_seq_write128(void *rec, const void *val)
 {
-    _Atomic uint32_t *seq = (_Atomic uint32_t *)&e->seq;
+    _Atomic uint32_t *seq = (_Atomic uint32_t *)rec;
     uint32_t s = atomic_load_explicit(seq, memory_order_relaxed);
     atomic_store_explicit(seq, s + 1, memory_order_relaxed);
     /* The odd seq must be visible before any body store. */
     atomic_thread_fence(memory_order_release);
     uint32_t words[CRUX__WORDS];
     memcpy(words, val, sizeof words);
-    _Atomic uint32_t *dst = (_Atomic uint32_t *)e;
+    _Atomic uint32_t *dst = (_Atomic uint32_t *)rec;
     for (int i = 1; i < CRUX__WORDS; i++)
         atomic_store_explicit(&dst[i], words[i], memory_order_relaxed);
     /* Body before the even seq. */
     atomic_store_explicit(seq, s + 2, memory_order_release);
+}
+
+/* Writer side (single writer only): replace entry *e with *val under the seqlock. */
+static inline void crux_table_write_entry(struct crux_table_entry *e,
+                                          const struct crux_table_entry *val)
+{
+    crux_seq_write128(e, val);
 }
 
 #endif /* CRUX_TABLE_H */

@@ -39,8 +39,8 @@ def test_steering_from_a_real_table_and_failing_open(tmp_path: Path) -> None:
     with TableWriter.open(path, capacity=16) as w:
         w.apply([Decision("job", None, 1, 26, 104, 0, 3),
                  Decision("job", "10.2.1.2", 1, 26, 104, 50001, 3)], 3)
-    assert steering_for(str(path), "job", "10.2.1.2") == Steering(50001, 26)
-    assert steering_for(str(path), "job", "10.2.9.9") == Steering(0, 26)  # job-wide entry
+    assert steering_for(str(path), "job", "10.2.1.2") == Steering(50001, 26, traffic_class=104)
+    assert steering_for(str(path), "job", "10.2.9.9") == Steering(0, 26, traffic_class=104)
     assert "no decision" in steering_for(str(path), "other", "10.2.1.2").reason
     assert "decision table" in steering_for(str(tmp_path / "none"), "job", "x").reason
     (tmp_path / "garbage").write_bytes(b"\x00" * 100)

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import logging
 import os
 import re
-import shutil
-import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from transport.shim_build import BUILD, ShimBuildError, ensure_built
 
 __all__ = [
     "DEFAULT_PATH", "LEVELS", "QUEUE_LEN", "LinkStats", "PcieLockError", "PcieLocks",
@@ -37,8 +36,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PATH = "/run/crux/pcie"
 LEVELS = 8  # CRUX_PCIE_LEVELS
 QUEUE_LEN = 64  # CRUX_PCIE_QUEUE
-REPO = Path(__file__).resolve().parent.parent
-SHIM = REPO / "shim"
 LIB_ENV = "CRUX_PCIE_LIB"
 
 
@@ -71,7 +68,7 @@ class LinkStats:
 
 def library_path() -> Path:
     env = os.environ.get(LIB_ENV)
-    return Path(env) if env else SHIM / "build" / "libcrux_pcie.so"
+    return Path(env) if env else BUILD / "libcrux_pcie.so"
 
 
 _lib: ctypes.CDLL | None = None
@@ -79,19 +76,10 @@ _lib_lock = threading.Lock()
 
 
 def _build(lib: Path) -> None:
-    make, cc = shutil.which("make"), shutil.which(os.environ.get("CC", "gcc"))
-    if make is None or cc is None or not (SHIM / "Makefile").exists():
-        raise PcieLockError(errno.ENOENT, f"{lib} is missing and cannot be built here "
-                            f"(needs make and a C compiler: run `make -C {SHIM}`)")
-    (SHIM / "build").mkdir(exist_ok=True)
-    with open(SHIM / "build" / ".lock", "w") as lock:  # concurrent test workers build once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if lib.exists():
-            return
-        run = subprocess.run([make, "-s", "-C", str(SHIM)], capture_output=True, text=True,
-                             check=False)
-        if run.returncode != 0 or not lib.exists():
-            raise PcieLockError(errno.ENOENT, f"`make -C {SHIM}` failed: {run.stderr.strip()}")
+    try:
+        ensure_built(lib, "pcie")
+    except ShimBuildError as exc:
+        raise PcieLockError(errno.ENOENT, str(exc)) from None
 
 
 def load_library() -> ctypes.CDLL:

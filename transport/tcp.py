@@ -13,32 +13,10 @@ the socket as the application would have made it.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
 
-from transport.decision_table import Decision, TableError, TableReader
+from transport.steering import Steering, steering_for
 
-
-@dataclass(frozen=True, slots=True)
-class Steering:
-    sport: int = 0  # 0: the kernel picks (ECMP decides)
-    dscp: int = 0
-    reason: str = ""  # why nothing was applied, when nothing was
-
-    @property
-    def tos(self) -> int:
-        return self.dscp << 2  # DSCP is the TOS byte's upper six bits
-
-
-def steering_for(table_path: str, job_id: str, peer: str) -> Steering:
-    """The decision for (job, peer): the per-peer entry, else the job-wide one."""
-    try:
-        with TableReader(table_path) as t:
-            d: Decision | None = t.lookup(job_id, peer) or t.lookup(job_id)
-    except (OSError, TableError) as exc:
-        return Steering(reason=f"decision table {table_path}: {exc}")
-    if d is None:
-        return Steering(reason=f"no decision for job {job_id!r} toward {peer}")
-    return Steering(d.sport, d.dscp)
+__all__ = ["Steering", "connect", "set_dscp", "steering_for"]
 
 
 def set_dscp(sock: socket.socket, dscp: int) -> None:
@@ -50,10 +28,11 @@ def set_dscp(sock: socket.socket, dscp: int) -> None:
     sock.setsockopt(level, opt, dscp << 2)
 
 
-def connect(peer: str, port: int, steering: Steering = Steering(), *, src: str = "",
+def connect(peer: str, port: int, steering: Steering | None = None, *, src: str = "",
             timeout: float | None = 10.0) -> socket.socket:
     """A TCP connection to (peer, port) leaving from `steering.sport` with its DSCP.
     A source port already in use falls back to the kernel's choice (fail open)."""
+    steering = steering or Steering()
     family = socket.AF_INET6 if ":" in peer else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

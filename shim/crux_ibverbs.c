@@ -1,0 +1,265 @@
+/*
+ * crux_ibverbs.c - libcrux_ibverbs.so, a wrapper libibverbs for training jobs.
+ *
+ * It defines ibv_modify_qp and ibv_destroy_qp at version IBVERBS_1.1 and links against the real
+ * libibverbs.so.1, so:
+ *   - NCCL_IBVERBS_LIB=/path/libcrux_ibverbs.so: NCCL dlopen()s this library and resolves every
+ *     verb with dlvsym(handle, name, "IBVERBS_1.1"). A handle lookup searches the library and
+ *     then its dependencies, so ibv_modify_qp/ibv_destroy_qp come from here and every other verb
+ *     straight from the real libibverbs: the calls we do not change cost nothing extra.
+ *   - LD_PRELOAD=/path/libcrux_ibverbs.so: a program linked against libibverbs binds its
+ *     ibv_modify_qp@IBVERBS_1.1 reference to the first definition in load order, ours.
+ * We reach the real functions through the real library's own handle, whose lookup scope (the
+ * library and its dependencies) cannot contain us.
+ *
+ * On a connect (ibv_modify_qp with IBV_QP_AV, i.e. INIT->RTR) the decision for ($CRUX_JOB_ID,
+ * remote GID) from the decision table sets the GRH flow label (-> RoCEv2 UDP source port) and
+ * traffic class (-> DSCP) of a copy of the caller's attributes; the caller's struct is never
+ * written. The QP is recorded for the agent (crux_qps.h). Fail open: anything missing or wrong
+ * leaves the call exactly as the program made it, and a counter says why.
+ *
+ * Environment: CRUX_JOB_ID, CRUX_DECISION_TABLE (default /run/crux/decisions), CRUX_QP_DIR
+ * (default: the table's directory + /qps), CRUX_SHIM_LOG=1 (one stderr line per connect).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crux_shim.h"
+
+#define VERBS_VERSION "IBVERBS_1.1"
+#define REOPEN_NS 1000000000ull /* look for a missing or bad table at most once a second */
+#define QPS_LEN (CRUX_QPS_HEADER_SIZE + CRUX_QPS_CAPACITY * CRUX_QPS_RECORD_SIZE)
+
+typedef int (*modify_fn)(struct ibv_qp *, struct ibv_qp_attr *, int);
+typedef int (*destroy_fn)(struct ibv_qp *);
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static modify_fn real_modify;
+static destroy_fn real_destroy;
+
+/* Everything below is guarded by `lock`: connects are rare (setup time), so one uncontended
+ * mutex is cheaper than being clever. */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    const void *table;     /* read-only mapping, NULL when none */
+    size_t table_len;
+    int table_missing;     /* 1: no file at all (NO_TABLE), 0: a file, maybe bad */
+    uint64_t next_open_ns; /* earliest time to look for the table again */
+    void *qps;             /* this process's records, NULL until the first connect */
+    pid_t qps_pid;         /* who created them: a forked child makes its own */
+    int qps_failed;
+    int log;
+    char job[CRUX_JOB_ID_LEN];
+    char table_path[4096];
+    char qps_dir[4096];
+} st;
+
+static const char *env_or(const char *name, const char *dflt)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : dflt;
+}
+
+static void init_once(void)
+{
+    void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (h == NULL)
+        h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h != NULL) {
+        real_modify = (modify_fn)dlvsym(h, "ibv_modify_qp", VERBS_VERSION);
+        real_destroy = (destroy_fn)dlvsym(h, "ibv_destroy_qp", VERBS_VERSION);
+    }
+    const char *job = env_or("CRUX_JOB_ID", "");
+    if (strlen(job) < sizeof st.job) /* a longer id cannot be in the table: NO_JOB */
+        strcpy(st.job, job);
+    snprintf(st.table_path, sizeof st.table_path, "%s",
+             env_or("CRUX_DECISION_TABLE", CRUX_TABLE_DEFAULT_PATH));
+    const char *dir = getenv("CRUX_QP_DIR");
+    if (dir != NULL && dir[0] != '\0') {
+        snprintf(st.qps_dir, sizeof st.qps_dir, "%s", dir);
+    } else {
+        const char *slash = strrchr(st.table_path, '/');
+        int n = slash == NULL ? 1 : (int)(slash - st.table_path);
+        snprintf(st.qps_dir, sizeof st.qps_dir, "%.*s/qps", n,
+                 slash == NULL ? "." : st.table_path);
+    }
+    st.log = env_or("CRUX_SHIM_LOG", "0")[0] == '1';
+}
+
+static uint64_t now_ns(clockid_t clock)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void table_close(void)
+{
+    if (st.table != NULL && st.table_len > 0)
+        munmap((void *)st.table, st.table_len);
+    st.table = NULL;
+    st.table_len = 0;
+}
+
+static void table_open(void)
+{
+    static const char empty[1];
+    int fd = open(st.table_path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    st.table_missing = 1;
+    if (fd < 0)
+        return;
+    if (fstat(fd, &sb) == 0) {
+        st.table_missing = 0;
+        st.table = empty; /* an empty file is a bad table, not a missing one */
+        if (sb.st_size > 0) {
+            void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+            if (p != MAP_FAILED) {
+                st.table = p;
+                st.table_len = (size_t)sb.st_size;
+            }
+        }
+    }
+    close(fd);
+}
+
+/* Keep the mapping current: reopen a retired table at once (the writer replaced it), and look
+ * again for a missing or unusable one at most once a second. */
+static void table_refresh(void)
+{
+    int usable = st.table != NULL && crux_table_validate(st.table, st.table_len) == 0;
+    if (usable && !crux_table_retired(st.table))
+        return;
+    uint64_t now = now_ns(CLOCK_MONOTONIC_COARSE);
+    if (usable || now >= st.next_open_ns) {
+        table_close();
+        table_open();
+        st.next_open_ns = now + REOPEN_NS;
+    }
+}
+
+static void *qps_file(void)
+{
+    pid_t pid = getpid();
+    if (st.qps != NULL && st.qps_pid == pid)
+        return st.qps;
+    if (st.qps != NULL) { /* inherited across fork(): the parent's file, not ours */
+        munmap(st.qps, QPS_LEN);
+        st.qps = NULL;
+        st.qps_failed = 0;
+    }
+    if (st.qps_failed)
+        return NULL;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%d", st.qps_dir, (int)pid);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    void *p = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, QPS_LEN) == 0)
+        p = mmap(NULL, QPS_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0)
+        close(fd);
+    if (p == MAP_FAILED) {
+        st.qps_failed = 1; /* no agent directory: the job runs, unrecorded */
+        if (st.log)
+            fprintf(stderr, "crux-shim: cannot record QPs in %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    crux_qps_init(p, QPS_LEN, (uint32_t)pid, st.job);
+    st.qps = p;
+    st.qps_pid = pid;
+    return p;
+}
+
+static const char *const outcome_names[CRUX_OUT_COUNT] = {
+    "applied", "no-job", "no-table", "bad-table", "no-entry", "not-global", "sport-range",
+    "records-full",
+};
+
+static void record(struct ibv_qp *qp, const struct ibv_qp_attr *orig,
+                   const struct ibv_qp_attr *sent, const struct crux_applied *d)
+{
+    void *f = qps_file();
+    struct crux_qps_record r;
+    memset(&r, 0, sizeof r);
+    r.outcome = d->outcome;
+    r.port_num = sent->ah_attr.port_num;
+    r.sgid_index = sent->ah_attr.grh.sgid_index;
+    r.qpn = qp->qp_num;
+    r.dest_qpn = sent->dest_qp_num;
+    r.orig_flow_label = orig->ah_attr.grh.flow_label;
+    r.flow_label = sent->ah_attr.grh.flow_label;
+    r.sport = d->sport;
+    r.orig_traffic_class = orig->ah_attr.grh.traffic_class;
+    r.traffic_class = sent->ah_attr.grh.traffic_class;
+    r.level = d->level;
+    r.dscp = d->dscp;
+    memcpy(r.dgid, sent->ah_attr.grh.dgid.raw, sizeof r.dgid);
+    const char *dev = qp->context->device->name;
+    memcpy(r.device, dev, strnlen(dev, sizeof r.device - 1)); /* truncated, NUL-padded */
+    r.plan_generation = d->plan_generation;
+    if (st.table != NULL && crux_table_validate(st.table, st.table_len) == 0)
+        r.table_generation = crux_table_generation(st.table);
+    r.created_ns = now_ns(CLOCK_REALTIME);
+    if (f != NULL) {
+        crux_qps_count(f, d->outcome);
+        if (crux_qps_add(f, &r) != 0)
+            crux_qps_count(f, CRUX_OUT_RECORDS_FULL);
+    }
+    if (st.log) {
+        char peer[INET6_ADDRSTRLEN] = "?";
+        inet_ntop(AF_INET6, r.dgid, peer, sizeof peer);
+        fprintf(stderr, "crux-shim: %s qpn %u -> %s job '%s': %s, flow label %u, tc %u\n",
+                r.device, r.qpn, peer, st.job, outcome_names[d->outcome], r.flow_label,
+                r.traffic_class);
+    }
+}
+
+__attribute__((visibility("default"))) int ibv_modify_qp(struct ibv_qp *qp,
+                                                         struct ibv_qp_attr *attr, int mask)
+{
+    pthread_once(&once, init_once);
+    if (real_modify == NULL)
+        return ENOSYS; /* no real libibverbs: nothing we could forward to */
+    if (qp == NULL || attr == NULL || !(mask & IBV_QP_AV))
+        return real_modify(qp, attr, mask);
+
+    struct ibv_qp_attr sent = *attr;
+    struct crux_applied d;
+    pthread_mutex_lock(&lock);
+    table_refresh();
+    crux_decide(st.table_missing ? NULL : st.table, st.table_len, st.job, &sent.ah_attr, &d);
+    pthread_mutex_unlock(&lock);
+
+    int rc = real_modify(qp, &sent, mask);
+    if (rc == 0) {
+        pthread_mutex_lock(&lock);
+        record(qp, attr, &sent, &d);
+        pthread_mutex_unlock(&lock);
+    }
+    return rc;
+}
+
+__attribute__((visibility("default"))) int ibv_destroy_qp(struct ibv_qp *qp)
+{
+    pthread_once(&once, init_once);
+    if (real_destroy == NULL)
+        return ENOSYS;
+    if (qp != NULL) {
+        pthread_mutex_lock(&lock);
+        if (st.qps != NULL && st.qps_pid == getpid())
+            crux_qps_remove(st.qps, qp->qp_num, qp->context->device->name);
+        pthread_mutex_unlock(&lock);
+    }
+    return real_destroy(qp);
+}

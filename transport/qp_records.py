@@ -1,0 +1,149 @@
+"""The QP records jobs' shims leave for the agent (layout: shim/crux_qps.h, docs/shim.md).
+
+One file per job process in the records directory (default /run/crux/qps): which QPs it
+connected, to which peer GID, and what it applied or why it applied nothing. The agent reads
+them to report applied vs pending decisions and removes the files of processes that are gone.
+Records are read under their seqlock, like decision-table entries; a file that is not a records
+file is skipped with a reason, never trusted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = 0x3153505158555243
+VERSION = 1
+HEADER_SIZE = 192
+RECORD_SIZE = 128
+OUTCOMES = ("applied", "no-job", "no-table", "bad-table", "no-entry", "not-global",
+            "sport-range", "records-full")
+READ_TRIES = 1024
+
+_HEADER = struct.Struct("<QIIIIII8Q64sQ24x")
+_RECORD = struct.Struct("<IBBBBIIIIHBBBB2x16s32sQQQ24x")
+assert _HEADER.size == HEADER_SIZE and _RECORD.size == RECORD_SIZE
+
+
+@dataclass(frozen=True)
+class QpRecord:
+    pid: int
+    job_id: str
+    device: str
+    port: int
+    sgid_index: int
+    qpn: int
+    dest_qpn: int
+    peer: str  # IPv4 text for an IPv4-mapped GID, else IPv6 text
+    outcome: str  # one of OUTCOMES
+    sport: int  # decided source port, 0 = none
+    flow_label: int  # what the NIC was given
+    orig_flow_label: int
+    traffic_class: int
+    orig_traffic_class: int
+    level: int
+    dscp: int
+    plan_generation: int
+    table_generation: int
+    created_ns: int
+
+
+@dataclass(frozen=True)
+class ProcessRecords:
+    pid: int
+    job_id: str
+    counters: dict[str, int]  # intercepted connects by outcome
+    calls: int
+    qps: tuple[QpRecord, ...]
+
+
+class RecordsError(ValueError):
+    """The file is not a records file this reader understands."""
+
+
+def _peer(raw: bytes) -> str:
+    addr = ipaddress.IPv6Address(raw)
+    return str(addr.ipv4_mapped) if addr.ipv4_mapped else str(addr)
+
+
+def _record(buf: bytes | memoryview, off: int) -> tuple[int, ...] | None:
+    """One record under its seqlock; None if the writer kept it busy (skip it)."""
+    for _ in range(READ_TRIES):
+        seq = struct.unpack_from("<I", buf, off)[0]
+        if seq & 1:
+            continue
+        fields = _RECORD.unpack_from(buf, off)
+        if struct.unpack_from("<I", buf, off)[0] == seq:
+            return fields
+    return None
+
+
+def parse(buf: bytes | memoryview) -> ProcessRecords:
+    """The records in one file's bytes; RecordsError if they are not a records file."""
+    if len(buf) < HEADER_SIZE:
+        raise RecordsError(f"{len(buf)} bytes is shorter than the {HEADER_SIZE}-byte header")
+    (magic, version, hsize, rsize, capacity, pid, used, *rest) = _HEADER.unpack_from(buf)
+    counters, job_raw, calls = rest[:8], rest[8], rest[9]
+    if magic != MAGIC:
+        raise RecordsError(f"bad magic {magic:#x}")
+    if (version, hsize, rsize) != (VERSION, HEADER_SIZE, RECORD_SIZE):
+        raise RecordsError(f"version {version}, sizes {hsize}/{rsize}: not understood")
+    if HEADER_SIZE + capacity * RECORD_SIZE > len(buf):
+        raise RecordsError(f"capacity {capacity} does not fit in {len(buf)} bytes")
+    job = job_raw.rstrip(b"\0").decode("utf-8", "replace")
+    qps = []
+    for i in range(min(used, capacity)):
+        f = _record(buf, HEADER_SIZE + i * RECORD_SIZE)
+        if f is None or f[1] != 1:
+            continue
+        (_, _, outcome, port, sgid, qpn, dqpn, ofl, fl, sport, otc, tc, level, dscp, dgid, dev,
+         plan, tgen, created) = f
+        qps.append(QpRecord(
+            pid, job, dev.rstrip(b"\0").decode("utf-8", "replace"), port, sgid, qpn, dqpn,
+            _peer(dgid), OUTCOMES[outcome] if outcome < len(OUTCOMES) else f"unknown-{outcome}",
+            sport, fl, ofl, tc, otc, level, dscp, plan, tgen, created))
+    return ProcessRecords(pid, job, dict(zip(OUTCOMES, counters, strict=True)), calls,
+                          tuple(qps))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) holds no QPs
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def read_dir(path: str | os.PathLike[str], *, prune: bool = False
+             ) -> tuple[list[ProcessRecords], list[str]]:
+    """(records of live processes, problems). With prune, files of processes that are gone
+    are removed (the agent's job); unreadable or foreign files are reported, never removed."""
+    out: list[ProcessRecords] = []
+    problems: list[str] = []
+    root = Path(path)
+    try:
+        names = sorted(p for p in root.iterdir() if p.name.isdigit())
+    except FileNotFoundError:
+        return out, problems
+    for p in names:
+        try:
+            rec = parse(p.read_bytes())
+        except (OSError, RecordsError) as exc:
+            problems.append(f"{p}: {exc}")
+            continue
+        if rec.pid != int(p.name):
+            problems.append(f"{p}: header says pid {rec.pid}")
+        elif not _alive(rec.pid):
+            if prune:
+                p.unlink(missing_ok=True)
+        else:
+            out.append(rec)
+    return out, problems
