@@ -34,10 +34,15 @@ struct crux_applied {
 int crux_decide(const void *table, size_t table_len, const char *job_id,
                 struct ibv_ah_attr *ah, struct crux_applied *out);
 
-/* The flow label that makes a RoCEv2 NIC send from `sport`, or -1 if none can. */
+/* The flow label that makes a RoCEv2 NIC send from `sport`, or -1 if none can. Label 0 means
+ * "no label" (the NIC derives the port from the QP numbers), so port 0xC000 takes 0x4001, whose
+ * two halves cancel in the XOR. */
 static inline int32_t crux_flow_label_for(uint16_t sport)
 {
-    return sport >= CRUX_ROCE_SPORT_MIN ? (int32_t)(sport & CRUX_FLOW_LABEL_MASK) : -1;
+    if (sport < CRUX_ROCE_SPORT_MIN)
+        return -1;
+    uint32_t low = sport & CRUX_FLOW_LABEL_MASK;
+    return low != 0 ? (int32_t)low : (int32_t)((1u << 14) | 1u);
 }
 
 /* Initialise a mapped records file of `len` bytes for this process. */

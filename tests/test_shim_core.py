@@ -48,6 +48,7 @@ def test_flow_label_sets_the_port() -> None:
     # the kernel's formula, checked against values observed on rxe (issue 6)
     assert [sport_of(fl) for fl in (0x1, 0x12345, 0xABCDE)] == [49153, 58177, 64756]
     assert all(sport_of(flow_label_for(s)) == s for s in range(0xC000, 0x10000))
+    assert 0 not in {flow_label_for(s) for s in range(0xC000, 0x10000)}  # 0 = "no label"
     with pytest.raises(ValueError, match="49152-65535"):
         flow_label_for(4791)
 
@@ -56,7 +57,10 @@ def test_fixed_cases(tmp_path: Path, decide: Path) -> None:
     t = table(tmp_path / "d", Decision("job", None, 1, 10, 40, 0xC123, 7),
               Decision("job", "10.0.0.2", 3, 26, 104, 50000, 7),
               Decision("low", None, 0, 8, 32, 4791, 7),
-              Decision("nat", None, 2, 46, 184, 0, 7))
+              Decision("nat", None, 2, 46, 184, 0, 7),
+              Decision("edge", None, 2, 46, 184, 0xC000, 7))
+    # 0xC000 cannot use label 0 (= no label): 0x4001's halves cancel in the XOR
+    assert run(decide, t, "edge", "10.0.0.2")["flow_label"] == 0x4001
     assert run(decide, t, "job", "10.0.0.2") == {
         "outcome": 0, "flow_label": 50000 & 0x3FFF, "traffic_class": 104, "sport": 50000}
     assert run(decide, t, "job", "10.0.0.9") == {  # the job-wide entry

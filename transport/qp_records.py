@@ -14,6 +14,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MAGIC = 0x3153505158555243
 VERSION = 1
@@ -69,7 +70,7 @@ def _peer(raw: bytes) -> str:
     return str(addr.ipv4_mapped) if addr.ipv4_mapped else str(addr)
 
 
-def _record(buf: bytes | memoryview, off: int) -> tuple[int, ...] | None:
+def _record(buf: bytes | memoryview, off: int) -> tuple[Any, ...] | None:
     """One record under its seqlock; None if the writer kept it busy (skip it)."""
     for _ in range(READ_TRIES):
         seq = struct.unpack_from("<I", buf, off)[0]

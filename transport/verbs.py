@@ -25,15 +25,19 @@ SYSFS = Path("/sys/class/infiniband")
 
 
 def flow_label_for(sport: int) -> int:
-    """The flow label that makes a RoCEv2 NIC send from `sport` (0xC000-0xFFFF)."""
+    """The flow label that makes a RoCEv2 NIC send from `sport` (0xC000-0xFFFF). Label 0 means
+    "none" (the NIC derives a port from the QP numbers), so 0xC000 takes 0x4001: its two halves
+    cancel in the XOR."""
     if not ROCE_SPORT_MIN <= sport <= 0xFFFF:
         raise ValueError(f"RoCEv2 source ports are {ROCE_SPORT_MIN}-65535, got {sport}")
-    return sport & FLOW_LABEL_MASK
+    return (sport & FLOW_LABEL_MASK) or 0x4001
 
 
 def sport_of(flow_label: int) -> int:
     """The UDP source port a RoCEv2 NIC derives from a non-zero flow label."""
     fl = flow_label & 0xFFFFF
+    if fl == 0:
+        raise ValueError("flow label 0: the NIC derives the port from the QP numbers")
     return 0xC000 | ((fl & 0x3FFF) ^ ((fl & 0xFC000) >> 14))
 
 
@@ -119,7 +123,7 @@ class RcQp:
         return Endpoint(gid, self.qp.qp_num, self.mr.buf, self.mr.rkey)
 
     def connect(self, peer: Endpoint, steering: Steering | None = None) -> None:
-        """INIT -> RTR -> RTS toward `peer`, leaving from the steering's source port with its
+        """RESET -> RTS toward `peer`, leaving from the steering's source port with its
         traffic class. No steering (or sport 0) keeps the NIC's own port: flow label 0."""
         from pyverbs.addr import GID, AHAttr, GlobalRoute
         from pyverbs.enums import IBV_ACCESS_REMOTE_WRITE
@@ -127,26 +131,27 @@ class RcQp:
 
         s = steering or Steering()
         fl = flow_label_for(s.sport) if s.sport else 0
-        mapped = peer.gid if ":" in peer.gid else f"::ffff:{peer.gid}"
-        gr = GlobalRoute(dgid=GID(mapped), flow_label=fl, sgid_index=self.gid_index,
+        mapped = ipaddress.IPv6Address(peer.gid if ":" in peer.gid else f"::ffff:{peer.gid}")
+        # pyverbs parses only the full 8-group form of a GID
+        gr = GlobalRoute(dgid=GID(mapped.exploded), flow_label=fl, sgid_index=self.gid_index,
                          hop_limit=64, traffic_class=s.tclass)
-        attr = QPAttr(qp_access_flags=IBV_ACCESS_REMOTE_WRITE)
+        attr = QPAttr()
+        attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE
+        attr.port_num = self.port
         attr.path_mtu = self.mtu
         attr.dest_qp_num = peer.qpn
         attr.rq_psn = attr.sq_psn = 0
         attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
         attr.min_rnr_timer, attr.timeout, attr.retry_cnt, attr.rnr_retry = 12, 14, 7, 7
         attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=self.port)
-        self.qp.to_init(attr)
-        self.qp.to_rtr(attr)
-        self.qp.to_rts(attr)
+        self.qp.to_rts(attr)  # RESET -> INIT -> RTR -> RTS, each with its own attribute mask
 
     def address_vector(self) -> AddressVector:
         from pyverbs.enums import IBV_QP_AV
 
         attr, _ = self.qp.query(IBV_QP_AV)
-        gr = attr.ah_attr.gr
-        return AddressVector(gr.flow_label, gr.traffic_class, str(gr.dgid))
+        ah = attr.ah_attr
+        return AddressVector(ah.flow_label, ah.traffic_class, str(ah.dgid))
 
     def write(self, peer: Endpoint, count: int = 1, timeout_s: float = 30.0) -> None:
         """`count` signalled RDMA WRITEs of the whole buffer into the peer's; raises

@@ -9,7 +9,8 @@
  * Like NCCL it sets grh.flow_label = 0 and its own traffic class (--tc) at RTR.
  *
  * usage: rc_pair --dev-a rxe0 --dev-b rxe1 [--gid 1] [--tc 0] [--pairs 1] [--writes 8]
- *                [--size 4096] [--gap-ms 0]
+ *                [--size 4096] [--gap-ms 0] [--keep 0]
+ * --keep 1 leaves the QPs undestroyed at exit, so the shim's QP records stay live.
  * One JSON line per pair on stdout: both QPs' numbers and their address vector read back with
  * ibv_query_qp. Exit 0 when every write of every pair completed, else 1 (reason on stderr).
  */
@@ -251,6 +252,7 @@ int main(int argc, char **argv)
     int pairs = (int)arg(argc, argv, "--pairs", 1), writes = (int)arg(argc, argv, "--writes", 8);
     size_t size = (size_t)arg(argc, argv, "--size", 4096);
     long gap_ms = arg(argc, argv, "--gap-ms", 0);
+    int keep = (int)arg(argc, argv, "--keep", 0);
     struct side a, b;
     int failed = 0;
 
@@ -272,8 +274,10 @@ int main(int argc, char **argv)
         print_qp("b", b.qp);
         printf("}\n");
         failed |= !ok;
-        v.destroy_qp(a.qp);
-        v.destroy_qp(b.qp);
+        if (!keep) {
+            v.destroy_qp(a.qp);
+            v.destroy_qp(b.qp);
+        }
         if (gap_ms > 0 && p + 1 < pairs)
             usleep((useconds_t)gap_ms * 1000);
     }
