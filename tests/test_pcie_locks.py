@@ -415,3 +415,25 @@ def test_shared_links_fake_sysfs(tmp_path: Path) -> None:
         ("0000:01:00.0", ("0000:03:00.0", "0000:05:00.0"), ("0000:04:00.0",)),
     ]
     assert shared_links(tmp_path / "nothing") == []
+
+
+def test_agent_makes_one_semaphore_per_shared_switch_and_keeps_it(tmp_path: Path) -> None:
+    from cruxd.agent.dataplane import DataPlane
+
+    root = tmp_path / "sys"
+    _dev(root, ["0000:00:03.0", "0000:21:00.0"], 0x15B3, 0x020700)  # NIC + GPU, one port
+    _dev(root, ["0000:00:03.0", "0000:21:00.1"], 0x10DE, 0x030200)
+    dp = DataPlane(tmp_path / "decisions", sysfs_root=str(root))
+    dp.start()
+    assert dp.pcie_links == 1
+    with PcieLocks.open(dp.pcie_path) as lk:
+        assert lk.links == 1
+        lk.acquire(0, 5)  # a job holds the link while the agent restarts
+        inode = dp.pcie_path.stat().st_ino
+        DataPlane(tmp_path / "decisions", sysfs_root=str(root)).start()
+        assert dp.pcie_path.stat().st_ino == inode  # same file: the holder is not orphaned
+        lk.release(0)
+    dp.pcie_path.write_bytes(b"garbage")  # an invalid file is replaced
+    DataPlane(tmp_path / "decisions", sysfs_root=str(root)).start()
+    with PcieLocks.open(dp.pcie_path) as lk:
+        assert lk.links == 1

@@ -12,9 +12,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from transport.decision_table import Decision
 
 MAGIC = 0x3153505158555243
 VERSION = 1
@@ -148,3 +151,32 @@ def read_dir(path: str | os.PathLike[str], *, prune: bool = False
         else:
             out.append(rec)
     return out, problems
+
+
+@dataclass(frozen=True)
+class QpState:
+    """A recorded QP against the decision that holds for it now."""
+    qp: QpRecord
+    state: str  # "applied", "pending" or "fail-open"
+    want_sport: int
+    want_traffic_class: int
+
+
+def classify(records: list[ProcessRecords],
+             decision: Callable[[str, str], Decision | None]) -> list[QpState]:
+    """Each QP's state: `applied` when it carries the decision that holds now, `pending` when
+    the decision differs from what it got at connect (a live RoCE QP keeps its path until it
+    reconnects, unless the NIC can re-path it), `fail-open` when it got nothing and nothing is
+    decided for it. `decision(job, peer)` is the current per-peer-else-job-wide decision."""
+    out = []
+    for proc in records:
+        for q in proc.qps:
+            d = decision(q.job_id, q.peer) if q.job_id else None
+            want = (d.sport, d.traffic_class) if d is not None else (0, 0)
+            if q.outcome == "applied":
+                state = "applied" if d is not None and want == (q.sport, q.traffic_class) \
+                    else "pending"
+            else:
+                state = "pending" if d is not None else "fail-open"
+            out.append(QpState(q, state, *want))
+    return out

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cruxd import __version__
+from cruxd.agent.dataplane import DataPlane
 from cruxd.agent.inventory import discover_nics, gpu_count
 from cruxd.agent.local_server import LocalServer, PeerCred, group_id
 from cruxd.agent.local_server import error_reply as _error
@@ -69,6 +70,7 @@ class Agent:
         self.nics = discover_nics(a.addresses)
         self.gpus = gpu_count(a.gpus)
         self.table = TableWriter.open(a.decision_table, capacity=a.table_capacity)
+        self.dataplane = DataPlane(Path(a.decision_table))
         self.server = LocalServer(a.socket, group_id(a.socket_group), self.handle)
         self.link = LeaderLink(leader_address, config.tls, self.host_id, self.report,
                                self.apply_plan, a.report_interval_s, a.reconnect_max_s,
@@ -79,6 +81,7 @@ class Agent:
 
     async def start(self) -> None:
         self._restore()
+        self.dataplane.start()
         await self.server.start()
         await self.link.start()
         if isinstance(self.probing, SweepProbing):
@@ -225,6 +228,8 @@ class Agent:
         a.measurement_source, a.probing_source = self.measurement.name, self.probing.name
         a.jobs.extend(convert.local_job_to_pb(j) for j in self.local_jobs())
         a.peers.extend(convert.peer_paths_to_pb(t) for t in self.probing.paths())
+        a.qps.extend(self.dataplane.qp_status())
+        a.pcie_links = self.dataplane.pcie_links
         seen = self.link.last_plan_mono
         a.last_plan_age_s = -1.0 if seen is None else time.monotonic() - seen
         if local_only:

@@ -48,6 +48,10 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
                       f"{agent.probing_source}; local jobs: {len(agent.jobs)}")
         if agent.peers and cluster is None:  # the leader's table shows them otherwise
             console.print(_peers([(agent.host_id, agent.peers)], now))
+        if agent.qps:
+            console.print(_qps(agent.qps))
+        if agent.pcie_links:
+            console.print(f"  PCIe semaphores: {agent.pcie_links} shared link(s)")
     if cluster is None:
         if agent is not None and not agent.leader_reachable:
             console.print("[yellow]no cluster view: the leader did not answer; the agent keeps "
@@ -98,6 +102,22 @@ def _peers(agents: list[tuple[str, Any]], now: float) -> Table:
             err = f"{p.errors}" + (f" ({p.last_error})" if p.last_error else "")
             t.add_row(host, p.peer_host, p.address or "-", str(p.paths), age,
                       str(p.probes_sent), err)
+    return t
+
+
+def _qps(qps: list[Any]) -> Table:
+    """The shims' QPs: what each got at connect against the decision now."""
+    t = Table(title="QPs (from the shims)", title_justify="left")
+    for col in ("job", "pid", "QP", "peer", "state", "got port / TC", "decided now",
+                "shim said"):
+        t.add_column(col)
+    style = {"applied": "green", "pending": "yellow", "fail-open": "red"}
+    for q in sorted(qps, key=lambda q: (q.job_id, q.pid, q.device, q.qpn)):
+        got = f"{q.sport or 'NIC'} / {q.traffic_class}"
+        want = f"{q.want_sport or 'NIC'} / {q.want_traffic_class}" if q.state != "fail-open" \
+            else "-"
+        t.add_row(q.job_id or "-", str(q.pid), f"{q.device}:{q.qpn}", q.peer,
+                  f"[{style.get(q.state, '')}]{q.state}[/]", got, want, q.outcome)
     return t
 
 
