@@ -17,6 +17,7 @@ int crux_decide(const void *table, size_t table_len, const char *job_id,
                 struct ibv_ah_attr *ah, struct crux_applied *out)
 {
     struct crux_table_entry e;
+    memset(&e, 0, sizeof e);
     memset(out, 0, sizeof *out);
     if (!ah->is_global)
         return out->outcome = CRUX_OUT_NOT_GLOBAL;
@@ -27,8 +28,7 @@ int crux_decide(const void *table, size_t table_len, const char *job_id,
     if (!table_usable(table, table_len))
         return out->outcome = CRUX_OUT_BAD_TABLE;
     /* A per-peer decision wins over the job's defaults (the job-wide entry). */
-    if (crux_table_lookup(table, table_len, job_id, ah->grh.dgid.raw, &e) != 0 &&
-        crux_table_lookup(table, table_len, job_id, NULL, &e) != 0)
+    if (crux_table_decision(table, table_len, job_id, ah->grh.dgid.raw, &e) < 0)
         return out->outcome = CRUX_OUT_NO_ENTRY;
 
     out->level = e.level;

@@ -181,11 +181,12 @@ static inline int crux_table_read_entry(const struct crux_table_entry *e,
     return -1;
 }
 
-/* Find the live entry for (job_id, peer). peer is 16 bytes (IPv6 or IPv4-mapped), or NULL for
- * the job-wide entry. 0 and *out filled if found; -1 if not found, the table is invalid, the
- * job id is too long, or an entry stayed torn: in every case the caller fails open. */
-static inline int crux_table_lookup(const void *base, size_t len, const char *job_id,
-                                    const uint8_t peer[16], struct crux_table_entry *out)
+/* One pass over the table for (job_id, peer): 0 and *out filled for the per-peer entry; with
+ * `or_job_wide`, 1 and *out filled for the job's job-wide entry when there is no per-peer one;
+ * -1 otherwise (not found, invalid table, bad job id, or entries that stayed torn). */
+static inline int crux__table_find(const void *base, size_t len, const char *job_id,
+                                   const uint8_t peer[16], int or_job_wide,
+                                   struct crux_table_entry *out)
 {
     static const uint8_t zero_peer[16];
     char want[CRUX_JOB_ID_LEN] = {0};
@@ -205,33 +206,60 @@ static inline int crux_table_lookup(const void *base, size_t len, const char *jo
     uint32_t want_peer[4], want_job[CRUX_JOB_ID_LEN / 4];
     memcpy(want_peer, peer, 16);
     memcpy(want_job, want, CRUX_JOB_ID_LEN);
+    int found = -1;
     if (used > h->capacity)
         used = h->capacity;
     for (uint32_t i = 0; i < used; i++) {
-        /* Screen on the peer and job id without copying the entry: most entries differ there. A
-         * mismatch counts only if seq was even and unchanged around the peer loads; anything
-         * else gets the full seqlock read. */
+        /* Screen on the job id and peer without copying the entry: most entries differ there.
+         * A mismatch counts only if seq was even and unchanged around the loads; anything else
+         * gets the full seqlock read. */
         const uint32_t *w = (const uint32_t *)&entries[i];
         uint32_t s1 = crux__load32(&entries[i].seq, memory_order_acquire);
-        int differs = 0;
-        for (int k = 0; k < 4; k++)
-            differs |= crux__load32(&w[4 + k], memory_order_relaxed) != want_peer[k];
-        for (int k = 0; k < CRUX_JOB_ID_LEN / 4 && !differs; k++)
-            differs = crux__load32(&w[8 + k], memory_order_relaxed) != want_job[k];
+        int other_job = 0, other_peer = 0, jobwide = 1;
+        for (int k = 0; k < CRUX_JOB_ID_LEN / 4 && !other_job; k++)
+            other_job = crux__load32(&w[8 + k], memory_order_relaxed) != want_job[k];
+        for (int k = 0; k < 4 && !other_job; k++) {
+            uint32_t v = crux__load32(&w[4 + k], memory_order_relaxed);
+            jobwide &= v == 0;
+            other_peer |= v != want_peer[k];
+        }
+        /* this job's job-wide entry is a candidate when no per-peer entry turns up */
+        int differs = other_job || (other_peer && !(or_job_wide && jobwide && found < 0));
         atomic_thread_fence(memory_order_acquire);
         if (differs && !(s1 & 1u) && crux__load32(&entries[i].seq, memory_order_relaxed) == s1)
             continue;
         struct crux_table_entry e;
         if (crux_table_read_entry(&entries[i], &e) != 0)
             continue; /* torn for too long: treat as absent */
-        if (e.state != CRUX_ENTRY_LIVE || memcmp(e.peer, peer, 16) != 0)
+        if (e.state != CRUX_ENTRY_LIVE || memcmp(e.job_id, want, CRUX_JOB_ID_LEN) != 0)
             continue;
-        if (memcmp(e.job_id, want, CRUX_JOB_ID_LEN) != 0)
-            continue;
-        *out = e;
-        return 0;
+        if (memcmp(e.peer, peer, 16) == 0) {
+            *out = e;
+            return 0;
+        }
+        if (or_job_wide && found < 0 && memcmp(e.peer, zero_peer, 16) == 0) {
+            *out = e;
+            found = 1;
+        }
     }
-    return -1;
+    return found;
+}
+
+/* Find the live entry for (job_id, peer). peer is 16 bytes (IPv6 or IPv4-mapped), or NULL for
+ * the job-wide entry. 0 and *out filled if found; -1 if not found, the table is invalid, the
+ * job id is too long, or an entry stayed torn: in every case the caller fails open. */
+static inline int crux_table_lookup(const void *base, size_t len, const char *job_id,
+                                    const uint8_t peer[16], struct crux_table_entry *out)
+{
+    return crux__table_find(base, len, job_id, peer, 0, out);
+}
+
+/* The decision for a connection: the (job_id, peer) entry, else the job's job-wide entry, in
+ * one pass. 0 per-peer, 1 job-wide (*out filled), -1 none (fail open). */
+static inline int crux_table_decision(const void *base, size_t len, const char *job_id,
+                                      const uint8_t peer[16], struct crux_table_entry *out)
+{
+    return crux__table_find(base, len, job_id, peer, 1, out);
 }
 
 /* Single-writer seqlock store of one 128-byte record whose first word is its seq (decision
