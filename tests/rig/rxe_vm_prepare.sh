@@ -48,9 +48,16 @@ cd "$cache"
 if [[ -f kver ]]; then
     kver=$(cat kver)
 else
-    pkg=$(apt-cache depends linux-image-amd64 2>/dev/null \
-        | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -n1)
-    [[ -n $pkg ]] || die "cannot resolve linux-image-amd64 (run 'apt-get update'?)"
+    resolve() {
+        apt-cache depends linux-image-amd64 2>/dev/null \
+            | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -n1
+    }
+    pkg=$(resolve)
+    if [[ -z $pkg ]]; then  # a fresh machine may have no package lists yet
+        apt-get update -qq >/dev/null 2>&1 || true
+        pkg=$(resolve)
+    fi
+    [[ -n $pkg ]] || die "cannot resolve linux-image-amd64 (apt-get update failed?)"
     kver=${pkg#linux-image-}
 fi
 pkg=linux-image-$kver
@@ -58,7 +65,8 @@ pkg=linux-image-$kver
 if [[ ! -f tree/boot/vmlinuz-$kver ]]; then
     rm -rf dl tree
     mkdir dl
-    (cd dl && apt-get download "$pkg" >/dev/null 2>download.log) \
+    (cd dl && { apt-get download "$pkg" >/dev/null 2>download.log \
+        || { apt-get update -qq >/dev/null 2>&1; apt-get download "$pkg" >/dev/null 2>download.log; }; }) \
         || die "apt-get download $pkg failed: $(tail -n3 dl/download.log)"
     dpkg -x dl/"$pkg"_*.deb tree || die "dpkg -x of $pkg failed"
     rm -rf dl

@@ -4,7 +4,7 @@
 # dir (/.crux-vm, a 9p mount of a host temp dir) and powers off. Results go back as
 # /.crux-vm/output (script stdout+stderr) and /.crux-vm/rc (its exit status).
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-export HOME=/root LANG=C.UTF-8
+export HOME=/root LANG=C.UTF-8 TMPDIR=/run/tmp
 work=/.crux-vm
 log=$work/setup.log
 
@@ -43,7 +43,9 @@ mounts() {
         mount -t devpts devpts /dev/pts &&
         mount -t tmpfs tmpfs /dev/shm &&
         mount -t tmpfs -o mode=755 tmpfs /run &&
-        mount -t tmpfs -o mode=1777 tmpfs /tmp
+        mkdir -p -m 1777 /run/tmp
+    # No tmpfs over /tmp: the repo may live there (a CI checkout) and must stay visible. The
+    # overlay already makes /tmp writable; TMPDIR keeps the guest's scratch files off it.
 }
 
 # Wait until the rxe device has its IPv4 RoCEv2 GID (index 1) populated.
