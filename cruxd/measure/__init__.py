@@ -1,0 +1,1 @@
+"""Traffic measurement: NIC and communication sampling, iteration-period estimation."""

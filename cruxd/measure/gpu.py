@@ -1,0 +1,197 @@
+"""GPU sampling for W_j: device inventory, busy fraction per device, which pids use which GPU.
+
+Backends behind one small interface (`GpuBackend`):
+  - `NvmlBackend` (pynvml): real NVML. Every metric is read on its own and an NVML error
+    (NOT_SUPPORTED on consumer or virtual GPUs, GPU_IS_LOST, ...) leaves that metric None for
+    that sample; only a failing nvmlInit makes the backend unavailable.
+  - `ReplayBackend`: a JSON recording ({"inventory": [...], "samples": [...]}) played back in
+    order, so tests and CI run without a GPU and an operator can record a real host
+    (`Recorder`) and replay it.
+
+W_j (FLOPs per iteration on this host) = sum over the job's GPUs of busy fraction x peak
+throughput x window / iterations. Busy fraction is NVML's utilization.gpu (share of the sample
+period in which a kernel ran), so W_j is an upper bound on useful work: a kernel that runs but
+does not saturate the SMs counts fully. Peak throughput: dense BF16/FP16 tensor TFLOPS from
+NVIDIA's datasheets (PEAK_TFLOPS), overridable per device name.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+# Dense (no sparsity) BF16/FP16 tensor-core TFLOPS, NVIDIA datasheets; the longest name
+# fragment that matches wins ("H100 PCIe" before "H100").
+PEAK_TFLOPS = {
+    "H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "H800": 989.0, "H20": 148.0,
+    "A100": 312.0, "A800": 312.0, "A30": 165.0, "A10": 125.0, "L40S": 362.0, "L40": 181.0,
+    "L4": 121.0, "V100": 125.0, "T4": 65.0,
+}
+
+
+def peak_tflops(name: str, overrides: dict[str, float] | None = None) -> float:
+    """Peak dense tensor TFLOPS for a device name; 0.0 when unknown (W_j stays unknown)."""
+    table = {**PEAK_TFLOPS, **(overrides or {})}
+    hits = [k for k in table if k.lower() in name.lower()]
+    return table[max(hits, key=len)] if hits else 0.0
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str
+    pci_bus_id: str
+    peak_tflops: float
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    t: float  # monotonic seconds
+    util: tuple[float | None, ...]  # percent busy per device index; None: not readable
+    pids: dict[int, tuple[int, ...]] = field(default_factory=dict)  # pid -> device indices
+
+
+class GpuBackend(Protocol):
+    name: str
+
+    def inventory(self) -> list[GpuInfo]: ...
+
+    def sample(self) -> GpuSample: ...
+
+
+class NvmlUnavailable(RuntimeError):
+    """No NVML here (no driver, no GPU): the reason, for a skip or a status line."""
+
+
+class NvmlBackend:
+    name = "nvml"
+
+    def __init__(self, overrides: dict[str, float] | None = None) -> None:
+        try:
+            import pynvml  # type: ignore[import-untyped]
+            pynvml.nvmlInit()
+        except Exception as exc:  # pynvml raises NVMLError_* or OSError without a driver
+            raise NvmlUnavailable(f"NVML unavailable: {exc}") from None
+        self._nv: Any = pynvml
+        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                         for i in range(pynvml.nvmlDeviceGetCount())]
+        self._overrides = overrides
+
+    def _get(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except self._nv.NVMLError:
+            return None
+
+    def inventory(self) -> list[GpuInfo]:
+        nv, out = self._nv, []
+        for i, h in enumerate(self._handles):
+            name = str(self._get(nv.nvmlDeviceGetName, h) or "unknown")
+            pci = self._get(nv.nvmlDeviceGetPciInfo, h)
+            bus = pci.busId if pci is not None else ""
+            out.append(GpuInfo(i, name, str(self._get(nv.nvmlDeviceGetUUID, h) or ""),
+                               bus.decode() if isinstance(bus, bytes) else str(bus),
+                               peak_tflops(name, self._overrides)))
+        return out
+
+    def sample(self) -> GpuSample:
+        nv = self._nv
+        util: list[float | None] = []
+        pids: dict[int, list[int]] = {}
+        for i, h in enumerate(self._handles):
+            u = self._get(nv.nvmlDeviceGetUtilizationRates, h)
+            util.append(float(u.gpu) if u is not None else None)
+            for p in self._get(nv.nvmlDeviceGetComputeRunningProcesses, h) or []:
+                pids.setdefault(int(p.pid), []).append(i)
+        return GpuSample(time.monotonic(), tuple(util),
+                         {p: tuple(d) for p, d in pids.items()})
+
+
+class ReplayBackend:
+    """Plays a recording back sample by sample; past the end, the last sample repeats."""
+    name = "replay"
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            doc = json.loads(Path(path).read_text())
+            self._inv = [GpuInfo(**g) for g in doc["inventory"]]
+            self._samples = [GpuSample(float(s["t"]), tuple(s["util"]),
+                                       {int(p): tuple(d) for p, d in s.get("pids", {}).items()})
+                             for s in doc["samples"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a GPU recording: {exc}") from None
+        if not self._samples:
+            raise ValueError(f"{path}: the recording has no samples")
+        self._next = 0
+
+    def inventory(self) -> list[GpuInfo]:
+        return list(self._inv)
+
+    def sample(self) -> GpuSample:
+        s = self._samples[min(self._next, len(self._samples) - 1)]
+        self._next += 1
+        return s
+
+
+class Recorder:
+    """Wraps a backend and keeps what it returned, to save as a replayable recording."""
+
+    def __init__(self, backend: GpuBackend) -> None:
+        self.backend, self.name = backend, f"recording {backend.name}"
+        self.samples: list[GpuSample] = []
+
+    def inventory(self) -> list[GpuInfo]:
+        return self.backend.inventory()
+
+    def sample(self) -> GpuSample:
+        s = self.backend.sample()
+        self.samples.append(s)
+        return s
+
+    def save(self, path: str | Path) -> None:
+        doc = {"inventory": [asdict(g) for g in self.inventory()],
+               "samples": [{"t": s.t, "util": list(s.util),
+                            "pids": {str(p): list(d) for p, d in s.pids.items()}}
+                           for s in self.samples]}
+        Path(path).write_text(json.dumps(doc, indent=1))
+
+
+def job_gpus(samples: list[GpuSample], pids: set[int]) -> set[int]:
+    """The devices any of the job's pids ran on during the samples."""
+    return {d for s in samples for p, devs in s.pids.items() if p in pids for d in devs}
+
+
+def busy_fraction(samples: list[GpuSample], device: int) -> float | None:
+    """Mean utilisation of one device over the samples (0..1); None if never readable."""
+    vals = [s.util[device] for s in samples
+            if device < len(s.util) and s.util[device] is not None]
+    return sum(v for v in vals if v is not None) / 100.0 / len(vals) if vals else None
+
+
+def work_per_iteration(samples: list[GpuSample], inventory: list[GpuInfo], devices: set[int],
+                       window_s: float, iterations: float) -> float | None:
+    """W_j in FLOPs per iteration on these devices; None when it cannot be known (no
+    iterations, a device never readable, or a device of unknown peak)."""
+    if iterations <= 0 or window_s <= 0 or not devices:
+        return None
+    total = 0.0
+    for d in sorted(devices):
+        busy = busy_fraction(samples, d)
+        peak = inventory[d].peak_tflops if d < len(inventory) else 0.0
+        if busy is None or peak <= 0:
+            return None
+        total += busy * peak * 1e12 * window_s
+    return total / iterations
+
+
+def iter_samples(backend: GpuBackend, n: int, interval_s: float,
+                 sleep: Callable[[float], None] = time.sleep) -> Iterator[GpuSample]:
+    for i in range(n):
+        if i:
+            sleep(interval_s)
+        yield backend.sample()

@@ -1,0 +1,39 @@
+"""A synthetic training job's traffic: compute (quiet) then a UDP burst, every period.
+
+    python -m tests.rig.bursts DST PERIOD_S BURST_S MBIT ITERATIONS
+
+Iteration i starts at t0 + i*PERIOD_S on an absolute schedule (no drift); its burst sends
+1400-byte datagrams to DST:4791 paced at MBIT for BURST_S, then it is quiet until the next.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+SIZE = 1400
+
+
+def main(dst: str, period_s: float, burst_s: float, mbit: float, iterations: int) -> None:
+    gap = SIZE * 8 / (mbit * 1e6)
+    payload = bytes(SIZE)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        t0 = time.monotonic() + 0.05
+        for i in range(iterations):
+            start = t0 + i * period_s
+            k = 0
+            while (t := start + k * gap) < start + burst_s:
+                delay = t - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                s.sendto(payload, (dst, 4791))
+                k += 1
+            rest = start + period_s - time.monotonic()
+            if rest > 0:
+                time.sleep(rest)
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    main(a[0], float(a[1]), float(a[2]), float(a[3]), int(a[4]))
