@@ -9,7 +9,6 @@ file is skipped with a reason, never trusted.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import struct
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from transport.decision_table import Decision
+from transport.table_format import gid_text
 
 MAGIC = 0x3153505158555243
 VERSION = 1
@@ -68,11 +68,6 @@ class RecordsError(ValueError):
     """The file is not a records file this reader understands."""
 
 
-def _peer(raw: bytes) -> str:
-    addr = ipaddress.IPv6Address(raw)
-    return str(addr.ipv4_mapped) if addr.ipv4_mapped else str(addr)
-
-
 def _record(buf: bytes | memoryview, off: int) -> tuple[Any, ...] | None:
     """One record under its seqlock; None if the writer kept it busy (skip it)."""
     for _ in range(READ_TRIES):
@@ -107,7 +102,7 @@ def parse(buf: bytes | memoryview) -> ProcessRecords:
          plan, tgen, created) = f
         qps.append(QpRecord(
             pid, job, dev.rstrip(b"\0").decode("utf-8", "replace"), port, sgid, qpn, dqpn,
-            _peer(dgid), OUTCOMES[outcome] if outcome < len(OUTCOMES) else f"unknown-{outcome}",
+            gid_text(dgid), OUTCOMES[outcome] if outcome < len(OUTCOMES) else f"unknown-{outcome}",
             sport, fl, ofl, tc, otc, level, dscp, plan, tgen, created))
     return ProcessRecords(pid, job, dict(zip(OUTCOMES, counters, strict=True)), calls,
                           tuple(qps))

@@ -128,6 +128,18 @@ def peer_address(text: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return addr
 
 
+def gid_text(gid: str | bytes | ipaddress.IPv6Address) -> str:
+    """A 16-byte GID (packed, IPv6 text or address) as address text: IPv4 for an IPv4-mapped
+    GID (RoCEv2 over IPv4), else IPv6."""
+    addr = gid if isinstance(gid, ipaddress.IPv6Address) else ipaddress.IPv6Address(gid)
+    return str(addr.ipv4_mapped or addr)
+
+
+def peer_bytes(peer: str | None) -> bytes:
+    """The 16 bytes stored for a peer (IPv4 as ::ffff:a.b.c.d); all zero for None."""
+    return _peer_bytes(peer)
+
+
 def _peer_bytes(peer: str | None) -> bytes:
     if peer is None:
         return bytes(16)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from transport.steering import Steering
+from transport.table_format import gid_text, peer_bytes
 
 ROCE_SPORT_MIN = 0xC000
 FLOW_LABEL_MASK = 0x3FFF
@@ -69,8 +70,7 @@ def roce_v2_gid(device: str, port: int = 1, sysfs: Path = SYSFS) -> tuple[int, s
         addr = ipaddress.IPv6Address(raw)
         if kind != "RoCE v2" or addr == ipaddress.IPv6Address(0):
             continue
-        text = str(addr.ipv4_mapped) if addr.ipv4_mapped else str(addr)
-        found.append((int(typ.name), text))
+        found.append((int(typ.name), gid_text(addr)))
     if not found:
         raise LookupError(f"{device} port {port} has no RoCEv2 GID")
     return next((f for f in found if "." in f[1]), found[0])
@@ -118,9 +118,7 @@ class RcQp:
         self.mtu = self.ctx.query_port(port).active_mtu
 
     def endpoint(self) -> Endpoint:
-        raw = ipaddress.IPv6Address(str(self.gid))
-        gid = str(raw.ipv4_mapped) if raw.ipv4_mapped else str(raw)
-        return Endpoint(gid, self.qp.qp_num, self.mr.buf, self.mr.rkey)
+        return Endpoint(gid_text(str(self.gid)), self.qp.qp_num, self.mr.buf, self.mr.rkey)
 
     def connect(self, peer: Endpoint, steering: Steering | None = None) -> None:
         """RESET -> RTS toward `peer`, leaving from the steering's source port with its
@@ -131,9 +129,8 @@ class RcQp:
 
         s = steering or Steering()
         fl = flow_label_for(s.sport) if s.sport else 0
-        mapped = ipaddress.IPv6Address(peer.gid if ":" in peer.gid else f"::ffff:{peer.gid}")
-        # pyverbs parses only the full 8-group form of a GID
-        gr = GlobalRoute(dgid=GID(mapped.exploded), flow_label=fl, sgid_index=self.gid_index,
+        dgid = ipaddress.IPv6Address(peer_bytes(peer.gid)).exploded  # pyverbs: full form only
+        gr = GlobalRoute(dgid=GID(dgid), flow_label=fl, sgid_index=self.gid_index,
                          hop_limit=64, traffic_class=s.tclass)
         attr = QPAttr()
         attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE
