@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.cbuild import build
+from tests.cbuild import build, verbs_headers
 from transport.decision_table import Decision, TableWriter
 from transport.qp_records import parse, read_dir
 from transport.shim_build import BUILD, ensure_built
@@ -137,9 +137,9 @@ def test_qp_records_round_trip(tmp_path: Path, decide: Path) -> None:
 
 
 def test_wrapper_exports_and_nccl_style_loading(tmp_path: Path) -> None:
-    lib = ensure_built(BUILD / "libcrux_ibverbs.so", "verbs") if _headers() else None
-    if lib is None:
+    if not verbs_headers():
         pytest.skip("rdma-core headers missing (apt-get install libibverbs-dev)")
+    lib = ensure_built(BUILD / "libcrux_ibverbs.so", "verbs")
     syms = subprocess.run(["objdump", "-T", str(lib)], capture_output=True, text=True).stdout
     exported = sorted(line.split()[-1] for line in syms.splitlines()
                       if " DF .text" in line and "IBVERBS_1.1" in line)
@@ -151,8 +151,3 @@ def test_wrapper_exports_and_nccl_style_loading(tmp_path: Path) -> None:
                        capture_output=True, text=True)
     assert "dlvsym" not in r.stderr and "dlopen" not in r.stderr, r.stderr
     assert r.returncode == 0 or "no RDMA device" in r.stderr
-
-
-def _headers() -> bool:
-    from tests.cbuild import verbs_headers
-    return verbs_headers()

@@ -99,5 +99,10 @@ class TableReader(MappedTable):
         key = (job_id, None if peer is None else str(peer_address(peer)))
         return next((d for d in self._live() if d.key == key), None)
 
+    def decision_for(self, job_id: str, peer: str) -> Decision | None:
+        """What a connection from `job_id` to `peer` should use: the per-peer entry, else the
+        job-wide one (the shim's rule, crux_table_decision)."""
+        return self.lookup(job_id, peer) or self.lookup(job_id)
+
     def snapshot(self) -> list[Decision]:
         return list(self._live())

@@ -33,7 +33,7 @@ def steering_for(table_path: str, job_id: str, peer: str) -> Steering:
     """The decision for (job, peer): the per-peer entry, else the job-wide one."""
     try:
         with TableReader(table_path) as t:
-            d: Decision | None = t.lookup(job_id, peer) or t.lookup(job_id)
+            d: Decision | None = t.decision_for(job_id, peer)
     except (OSError, TableError) as exc:
         return Steering(reason=f"decision table {table_path}: {exc}")
     if d is None:

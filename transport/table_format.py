@@ -137,10 +137,6 @@ def gid_text(gid: str | bytes | ipaddress.IPv6Address) -> str:
 
 def peer_bytes(peer: str | None) -> bytes:
     """The 16 bytes stored for a peer (IPv4 as ::ffff:a.b.c.d); all zero for None."""
-    return _peer_bytes(peer)
-
-
-def _peer_bytes(peer: str | None) -> bytes:
     if peer is None:
         return bytes(16)
     addr = peer_address(peer)
@@ -198,7 +194,7 @@ def pack_entry(d: Decision | None, seq: int = 0) -> bytes:
     if d is None:
         return struct.pack("=I", seq) + bytes(ENTRY_SIZE - 4)
     return _ENTRY.pack(seq, 1, d.level, d.dscp, d.traffic_class, d.sport,
-                       JOB_WIDE if d.peer is None else 0, _peer_bytes(d.peer),
+                       JOB_WIDE if d.peer is None else 0, peer_bytes(d.peer),
                        d.job_id.encode(), d.plan_generation)
 
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
-from transport.decision_table import Decision, TableError, TableReader
+from transport.decision_table import TableError, TableReader
 from transport.pcie import PcieLockError, PcieLocks, shared_links
 from transport.qp_records import classify, read_dir
 
@@ -62,9 +62,7 @@ class DataPlane:
             return []
         try:
             with TableReader(self.table_path) as t:
-                def decision(job: str, peer: str) -> Decision | None:
-                    return t.lookup(job, peer) or t.lookup(job)
-                states = classify(records, decision)
+                states = classify(records, t.decision_for)
         except (OSError, TableError) as exc:
             LOG.warning("decision table %s: %s", self.table_path, exc)
             states = classify(records, lambda job, peer: None)

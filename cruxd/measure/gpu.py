@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -187,11 +187,3 @@ def work_per_iteration(samples: list[GpuSample], inventory: list[GpuInfo], devic
             return None
         total += busy * peak * 1e12 * window_s
     return total / iterations
-
-
-def iter_samples(backend: GpuBackend, n: int, interval_s: float,
-                 sleep: Callable[[float], None] = time.sleep) -> Iterator[GpuSample]:
-    for i in range(n):
-        if i:
-            sleep(interval_s)
-        yield backend.sample()

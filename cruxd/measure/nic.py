@@ -147,13 +147,11 @@ class Sampler:
         now = self.clock()
         for c in self.counters:
             s = self.series.get(c.name)
-            rate = self._sample_one(c, now) if s is not None else self._baseline(c, now)
-            if s is not None:
-                s.rates.append(rate)
-
-    def _baseline(self, c: Counter, now: float) -> float:
-        self.series[c.name] = RateSeries(c.name, self.rate_hz, now)
-        return self._sample_one(c, now)
+            if s is None:  # the first reading only sets the baseline
+                self.series[c.name] = RateSeries(c.name, self.rate_hz, now)
+                self._sample_one(c, now)
+            else:
+                s.rates.append(self._sample_one(c, now))
 
     def run(self, duration_s: float, sleep: Callable[[float], None] = time.sleep
             ) -> dict[str, RateSeries]:
