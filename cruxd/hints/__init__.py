@@ -1,0 +1,1 @@
+"""Placement hints for topology-aware job schedulers (leader side, pure)."""
