@@ -14,6 +14,7 @@ from cruxd.agent.dataplane import DataPlane
 from cruxd.agent.inventory import discover_nics, gpu_count
 from cruxd.agent.local_server import LocalServer, PeerCred, group_id
 from cruxd.agent.local_server import error_reply as _error
+from cruxd.agent.measuring import LiveMeasurement
 from cruxd.agent.registry import Registry
 from cruxd.agent.sources import (
     MeasurementSource,
@@ -59,18 +60,21 @@ class Agent:
         a = config.agent
         self.host_id = config.host_id
         self.registry = Registry(self._job_changed)
+        self.nics = discover_nics(a.addresses)
+        self.dataplane = DataPlane(Path(a.decision_table))
         self.measurement: MeasurementSource = (
             ReplayMeasurement(a.measurement_file) if a.measurement == "replay"
-            and a.measurement_file is not None else StaticMeasurement(a.accept_job_hints))
+            and a.measurement_file is not None else
+            LiveMeasurement(config.measurement, self.nics, self.registry.owners,
+                            self.dataplane.records, lambda: len(self.registry.jobs()))
+            if a.measurement == "live" else StaticMeasurement(a.accept_job_hints))
         self.probing: ProbingSource = (
             StaticPaths(a.path_table, self.host_id) if a.probing == "static"
             and a.path_table is not None else
             SweepProbing(config.probing, self.host_id, lambda: self.link.poke())
             if a.probing == "sweep" else NoProbing())
-        self.nics = discover_nics(a.addresses)
         self.gpus = gpu_count(a.gpus)
         self.table = TableWriter.open(a.decision_table, capacity=a.table_capacity)
-        self.dataplane = DataPlane(Path(a.decision_table))
         self.server = LocalServer(a.socket, group_id(a.socket_group), self.handle)
         self.link = LeaderLink(leader_address, config.tls, self.host_id, self.report,
                                self.apply_plan, a.report_interval_s, a.reconnect_max_s,
@@ -82,6 +86,8 @@ class Agent:
     async def start(self) -> None:
         self._restore()
         self.dataplane.start()
+        if isinstance(self.measurement, LiveMeasurement):
+            self.measurement.start()
         await self.server.start()
         await self.link.start()
         if isinstance(self.probing, SweepProbing):
@@ -95,6 +101,8 @@ class Agent:
             await self.probing.stop()
         await self.server.stop()
         await self.link.stop()
+        if isinstance(self.measurement, LiveMeasurement):
+            self.measurement.stop()
         self._save()
         self.registry.close()
         self.table.close()  # the file stays: shims keep the last decisions
@@ -107,8 +115,14 @@ class Agent:
 
     # --- state ---------------------------------------------------------------
     def local_jobs(self) -> list[LocalJob]:
+        jobs = self.registry.jobs()
+        live = self.measurement if isinstance(self.measurement, LiveMeasurement) else None
+        if live is not None:
+            live.forget({j.job_id for j in jobs})
         return [replace(job, measurement=self.measurement.measure(
-            job, self.registry.hints(job.job_id))) for job in self.registry.jobs()]
+            job, self.registry.hints(job.job_id)),
+            request_profiling=live is not None and live.wants_profile(job.job_id))
+            for job in jobs]
 
     def inventory(self) -> HostInventory:
         return HostInventory(self.host_id, __version__, self.gpus, self.nics,
@@ -124,6 +138,8 @@ class Agent:
         self.plans_applied += 1
         if isinstance(self.probing, SweepProbing):
             self.probing.plan_changed(hp)
+        if isinstance(self.measurement, LiveMeasurement):
+            self.measurement.plan_changed(hp)
         self.link.poke()  # tell the leader which generation the table holds
         LOG.info("plan %d applied: %d job(s), %d table entr%s changed", hp.generation,
                  len(hp.jobs), changed, "y" if changed == 1 else "ies")

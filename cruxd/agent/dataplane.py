@@ -15,7 +15,7 @@ from pathlib import Path
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from transport.decision_table import TableError, TableReader
 from transport.pcie import PcieLockError, PcieLocks, shared_links
-from transport.qp_records import classify, read_dir
+from transport.qp_records import ProcessRecords, classify, read_dir
 
 LOG = logging.getLogger("cruxd.agent")
 
@@ -51,6 +51,10 @@ class DataPlane:
             LOG.info("PCIe semaphores: %d shared link(s) in %s", len(links), self.pcie_path)
         except PcieLockError as exc:
             LOG.warning("PCIe semaphores unavailable (jobs run without them): %s", exc)
+
+    def records(self) -> list[ProcessRecords]:
+        """The live job processes' QP records (the measurement reads which ports they use)."""
+        return read_dir(self.qp_dir)[0]
 
     def qp_status(self) -> list[apb.QpStatus]:
         """The local jobs' QPs against the decisions in the table now; prunes the records

@@ -11,6 +11,7 @@ import logging
 import subprocess
 import warnings
 from pathlib import Path
+from typing import Any
 
 from cruxd.control.records import Nic
 
@@ -57,17 +58,21 @@ def _rate_gbps(port: Path) -> float:
         return 0.0
 
 
-def ip_nics() -> tuple[Nic, ...]:
-    """Fallback without RDMA devices: global addresses of the interfaces that are up."""
+def _ip_links() -> list[dict[str, Any]]:
     try:
         text = subprocess.run(["ip", "-j", "address", "show", "up"], capture_output=True,
                               text=True, timeout=5, check=True).stdout
-        links = json.loads(text)
+        links: list[dict[str, Any]] = json.loads(text)
+        return links
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        LOG.warning("cannot list IP addresses (%s); reporting no NICs", exc)
-        return ()
+        LOG.warning("cannot list IP addresses (%s)", exc)
+        return []
+
+
+def ip_nics() -> tuple[Nic, ...]:
+    """Fallback without RDMA devices: global addresses of the interfaces that are up."""
     out: list[Nic] = []
-    for link in links:
+    for link in _ip_links():
         if "LOOPBACK" in link.get("flags", ()):
             continue
         for a in link.get("addr_info", ()):
@@ -75,6 +80,13 @@ def ip_nics() -> tuple[Nic, ...]:
                 out.append(Nic(link.get("ifname", ""), a["local"], len(out)))
                 break
     return (out and tuple(out)) or ()
+
+
+def netdevs_for(addresses: tuple[str, ...]) -> tuple[str, ...]:
+    """The interfaces that hold these addresses (whose byte counters carry their traffic)."""
+    want = set(addresses)
+    return tuple(sorted({link.get("ifname", "") for link in _ip_links()
+                         for a in link.get("addr_info", ()) if a.get("local") in want} - {""}))
 
 
 def configured_nics(addresses: tuple[str, ...]) -> tuple[Nic, ...]:

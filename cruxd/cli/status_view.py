@@ -80,14 +80,16 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
     if probed:
         console.print(_peers(probed, now))
     jobs = Table(title="jobs", title_justify="left")
-    for col in ("job", "state", "hosts", "GPUs", "I_j", "k_j", "rank", "level", "DSCP",
-                "paths", "QPs applied"):
+    for col in ("job", "state", "hosts", "GPUs", "W_j FLOP", "t_j s", "period s", "I_j",
+                "k_j", "rank", "level", "DSCP", "paths", "QPs applied"):
         jobs.add_column(col)
     for j in cluster.jobs:
         state = STATES.get(j.state, str(j.state)) + (f"\n({j.note})" if j.note else "")
         qps = f"{j.qps_applied}/{j.qps_total}" if j.qps_total else "no shim report"
-        jobs.add_row(j.job_id, state, ",".join(j.hosts), str(j.gpus), _num(j.intensity),
-                     _num(j.k), str(j.rank), str(j.level), str(j.dscp), _routes(j), qps)
+        m = j.measurement
+        jobs.add_row(j.job_id, state, ",".join(j.hosts), str(j.gpus), _num(m.flops_per_iter),
+                     _num(m.comm_s), _num(m.period_s), _num(j.intensity), _num(j.k),
+                     str(j.rank), str(j.level), str(j.dscp), _routes(j), qps)
     console.print(jobs)
 
 

@@ -95,6 +95,11 @@ class ClusterState:
                 causes.append(f"job grew: {jid} on {host}")
         for jid in sorted(before.keys() - new_jobs.keys()):
             causes.append(f"job left host: {jid} on {host}")
+        for jid in sorted(j.job_id for j in report.jobs if j.request_profiling):
+            rec = self.jobs.get(jid)
+            if rec is not None and rec.profile == "done" and self.profiling_s > 0:
+                rec.profile = "queued"
+                causes.append(f"profiling requested: {jid} by {host}")
         base = old.baseline if old is not None and not old.expired else {}
         baseline = {}
         for jid, job in new_jobs.items():

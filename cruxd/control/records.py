@@ -59,6 +59,7 @@ class LocalJob:
     qps_applied: int = 0
     qps_total: int = 0
     command: str = ""
+    request_profiling: bool = False  # its behaviour changed since it was profiled
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
+from cruxd.daemon.config_measure import parse_measurement
 from cruxd.daemon.config_model import (
     EMBEDDED,
     LIVE_KEYS,
@@ -161,6 +162,7 @@ def _build(doc: Mapping[str, object], source: str, base: Path | None, env: Mappi
     runtime_dir = d.path("runtime_dir") or default_runtime_dir(env, euid)
     agent = _agent(sec["agent"], runtime_dir)
     probing = parse_probing(sec["probing"], agent.probing == "sweep")
+    measurement = parse_measurement(sec["measurement"], agent.measurement == "live")
     leader = _leader(sec["leader"], state_dir)
     if {"agent", "leader"} <= roles and leader.agent_timeout_s <= agent.report_interval_s:
         raise sec["leader"].error(
@@ -171,7 +173,8 @@ def _build(doc: Mapping[str, object], source: str, base: Path | None, env: Mappi
         roles=roles, host_id=host_id or socket.gethostname().split(".")[0],
         state_dir=state_dir, runtime_dir=runtime_dir,
         log_level=d.choice("log_level", "info", LOG_LEVELS),
-        agent=agent, probing=probing, leader=leader, tls=_tls(sec["tls"]), metrics=metrics,
+        agent=agent, probing=probing, measurement=measurement, leader=leader,
+        tls=_tls(sec["tls"]), metrics=metrics,
         source=source)
 
 
@@ -189,7 +192,7 @@ def _section_hint(name: str) -> str:
 
 
 def _agent(a: Section, runtime_dir: Path) -> AgentConfig:
-    measurement = a.choice("measurement", "static", ("static", "replay"))
+    measurement = a.choice("measurement", "static", ("static", "replay", "live"))
     measurement_file = a.path("measurement_file")
     if measurement == "replay" and measurement_file is None:
         raise a.error("measurement_file", 'required with measurement = "replay"')

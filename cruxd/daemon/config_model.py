@@ -32,7 +32,7 @@ class AgentConfig:
     decision_table: Path
     table_capacity: int
     accept_job_hints: bool
-    measurement: str  # "static" | "replay"
+    measurement: str  # "static" | "replay" | "live"
     measurement_file: Path | None  # set exactly when measurement == "replay"
     probing: str  # "static" | "sweep" | "none"
     path_table: Path | None
@@ -59,6 +59,22 @@ class ProbingConfig:
     responder: bool  # answer other agents' INT probes
     responder_port: int
     responder_rate_pps: float
+
+
+@dataclass(frozen=True, slots=True)
+class MeasureConfig:
+    """NIC counters and GPUs sampled per job (agent.measurement = "live")."""
+
+    rate_hz: float  # NIC counter samples per second
+    window_s: float  # seconds of traffic one estimate looks at
+    gpu: str  # "nvml" | "replay" | "none"
+    gpu_file: Path | None  # the recording, with gpu = "replay"
+    gpu_interval_s: float
+    interfaces: tuple[str, ...]  # netdevs for TCP traffic; () -> those holding agent NICs
+    rdma: bool  # sample RDMA port counters
+    peak_tflops: float  # per GPU; 0 -> the datasheet table by device name
+    settle_s: float  # skipped at the start of a profiling window
+    sysfs: Path | None  # None: /sys
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +118,7 @@ class Config:
     log_level: str
     agent: AgentConfig
     probing: ProbingConfig
+    measurement: MeasureConfig
     leader: LeaderConfig
     tls: TlsConfig
     metrics: MetricsConfig
@@ -110,7 +127,8 @@ class Config:
 
 DAEMON_KEYS = ("roles", "host_id", "state_dir", "runtime_dir", "log_level")
 _SECTIONS: dict[str, type] = {
-    "agent": AgentConfig, "probing": ProbingConfig, "leader": LeaderConfig,
+    "agent": AgentConfig, "probing": ProbingConfig, "measurement": MeasureConfig,
+    "leader": LeaderConfig,
     "tls": TlsConfig, "metrics": MetricsConfig}
 SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "daemon": DAEMON_KEYS,

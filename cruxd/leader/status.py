@@ -34,6 +34,7 @@ def cluster_status(leader: Leader, hostname: str) -> cpb.ClusterStatus:
         for j in rec.jobs.values():
             a, t = applied.get(j.job_id, (0, 0))
             applied[j.job_id] = (a + j.qps_applied, t + j.qps_total)
+    merged = {m.job_id: m.measurement for m in st.merged_jobs()}
     for jid, rec in sorted(st.jobs.items()):
         a = planned.get(jid)
         if rec.expired_at is not None:
@@ -42,6 +43,8 @@ def cluster_status(leader: Leader, hostname: str) -> cpb.ClusterStatus:
             a = JobAssignment(jid, JobState.QUEUED, note="waiting for the next plan")
         msg = convert.assignment_to_pb(a)
         msg.qps_applied, msg.qps_total = applied.get(jid, (0, 0))
+        if jid in merged:
+            msg.measurement.CopyFrom(convert.measurement_to_pb(merged[jid]))
         out.jobs.append(msg)
     if plan is not None:
         out.plan_generation = plan.generation

@@ -1,0 +1,293 @@
+"""Live measurement: NIC counters and GPUs sampled in the background, W_j and t_j per job.
+
+Two daemon threads sample (they block in sysfs reads and NVML calls, which must never stall
+the event loop): NIC byte counters at `rate_hz` into a `CounterWindow`, GPU utilisation and
+processes every `gpu_interval_s`. `measure(job)` runs on the event loop when the agent
+reports; it takes the job's share of both over the last window:
+
+* traffic: the RDMA ports the job's QPs use (the shim's records name device and port);
+  a job without QP records (TCP, or no shim) gets the netdevs' counters. Counters shared by
+  several jobs mix their traffic; the period estimator then follows the stronger job, which
+  is why the leader profiles one job at a time with the top priority;
+* GPUs: the devices NVML lists for the job's processes (its registered pid and their
+  descendants); with no process list (replay, or NVML without permission) a host's only
+  job gets all of them.
+
+While the leader profiles a job (JobState.PROFILING in the plan) only samples from inside
+the window count, after `settle_s`; the result is kept as the job's profiled figures and
+reported until the next profiling window, so contention later on cannot distort t_j. W_j
+and the period keep being measured: when either drifts by more than `drift` from the
+profiled figures for `drift_windows` estimates in a row, the job asks to be profiled again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cruxd.agent.inventory import netdevs_for
+from cruxd.control.records import HostPlan, JobState, LocalJob, Measurement, Nic
+from cruxd.daemon.config_model import MeasureConfig
+from cruxd.measure.estimate import JobEstimate, estimate_job
+from cruxd.measure.gpu import GpuBackend, GpuInfo, GpuSample, NvmlBackend, ReplayBackend
+from cruxd.measure.nic import Counter, net_counters, rdma_counters
+from cruxd.measure.nic import _Reader as CounterReader
+from cruxd.measure.window import CounterWindow
+from transport.qp_records import ProcessRecords
+
+LOG = logging.getLogger(__name__)
+SOURCE = "nvml+nic"
+
+
+@dataclass
+class _JobTrack:
+    profiling_since: float | None = None  # monotonic start of the current window
+    at: float = -math.inf  # when `last` was estimated
+    drift_at: float = -math.inf  # when drift was last judged
+    profiled: JobEstimate | None = None
+    last: JobEstimate | None = None
+    drifted: int = 0  # consecutive estimates off the profiled figures
+    wants_profile: bool = False
+    counters: tuple[str, ...] = field(default_factory=tuple)
+
+
+def parent_pid(pid: int, proc: str = "/proc") -> int | None:
+    try:
+        with open(f"{proc}/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def belongs(pid: int, owners: set[int], proc: str = "/proc", depth: int = 32) -> bool:
+    """Whether `pid` is one of `owners` or descends from one (torchrun's workers do)."""
+    for _ in range(depth):
+        if pid in owners:
+            return True
+        parent = parent_pid(pid, proc)
+        if parent is None or parent <= 1:
+            return False
+        pid = parent
+    return False
+
+
+class LiveMeasurement:
+    def __init__(self, cfg: MeasureConfig, nics: tuple[Nic, ...],
+                 owners: Callable[[str], list[int]],
+                 qp_records: Callable[[], list[ProcessRecords]],
+                 job_count: Callable[[], int],
+                 drift: float = 0.25, drift_windows: int = 3) -> None:
+        self.cfg = cfg
+        self.owners, self.qp_records, self.job_count = owners, qp_records, job_count
+        self.drift, self.drift_windows = drift, drift_windows
+        root = cfg.sysfs or Path("/sys")
+        names = cfg.interfaces or netdevs_for(tuple(n.address for n in nics))
+        self.net = net_counters(root, names)
+        self.rdma = rdma_counters(root) if cfg.rdma else []
+        self.counters: list[Counter] = self.net + self.rdma
+        self.window = CounterWindow([c.name for c in self.counters] or ["none"], cfg.rate_hz,
+                                    2 * cfg.window_s)
+        self.gpu: GpuBackend | None = None
+        self.gpu_error = ""
+        self.inventory: list[GpuInfo] = []
+        self.gpu_samples: deque[GpuSample] = deque(
+            maxlen=max(2, math.ceil(2 * cfg.window_s / cfg.gpu_interval_s)))
+        self.tracks: dict[str, _JobTrack] = {}
+        self.failed_cycles = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.name = f"live ({SOURCE})"
+
+    # --- sampling threads -----------------------------------------------------
+    def start(self) -> None:
+        if not self.counters:
+            LOG.warning("live measurement: no NIC counters under %s (interfaces %s); t_j "
+                        "stays unknown", self.cfg.sysfs or "/sys", self.cfg.interfaces or "auto")
+        else:
+            LOG.info("live measurement: %d counter(s) at %g Hz: %s", len(self.counters),
+                     self.cfg.rate_hz, ", ".join(c.name for c in self.counters))
+            self._spawn("crux-nic-sampler", self._nic_loop)
+        self.gpu = self._open_gpu()
+        if self.gpu is not None:
+            self.inventory = self.gpu.inventory()
+            self._spawn("crux-gpu-sampler", self._gpu_loop)
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2)
+
+    def _open_gpu(self) -> GpuBackend | None:
+        c = self.cfg
+        try:
+            if c.gpu == "replay" and c.gpu_file is not None:
+                backend: GpuBackend = ReplayBackend(c.gpu_file)
+            elif c.gpu == "nvml":
+                backend = NvmlBackend()
+            else:
+                return None
+        except (ValueError, RuntimeError) as exc:  # NvmlUnavailable is a RuntimeError
+            self.gpu_error = str(exc)
+            LOG.warning("live measurement: %s; W_j stays unknown", exc)
+            return None
+        if c.peak_tflops > 0:
+            backend = _PeakOverride(backend, c.peak_tflops)
+        return backend
+
+    def _nic_loop(self) -> None:
+        reader, period = CounterReader(), 1.0 / self.cfg.rate_hz
+        failing: set[str] = set()
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            values: list[float | None] = []
+            for c in self.counters:
+                try:
+                    values.append(reader.read(c))
+                    failing.discard(c.name)
+                except (OSError, ValueError, IndexError) as exc:
+                    values.append(None)
+                    self.failed_cycles += 1
+                    if c.name not in failing:
+                        LOG.warning("%s: cannot read %s (%s); skipped until it recovers",
+                                    c.name, c.path, exc)
+                        failing.add(c.name)
+            self.window.add(time.monotonic(), values)
+            next_t += period
+            delay = next_t - time.monotonic()
+            if delay < -period:  # fell behind (suspended?): restart the grid, leave a gap
+                next_t = time.monotonic()
+            elif delay > 0 and self._stop.wait(delay):
+                break
+        reader.close()
+
+    def _gpu_loop(self) -> None:
+        assert self.gpu is not None
+        while not self._stop.wait(self.cfg.gpu_interval_s):
+            try:
+                s = self.gpu.sample()
+            except Exception as exc:  # a driver hiccup must not end sampling
+                self.failed_cycles += 1
+                LOG.warning("GPU sample failed: %s", exc)
+                continue
+            self.gpu_samples.append(GpuSample(time.monotonic(), s.util, s.pids))
+
+    # --- per job ----------------------------------------------------------------
+    def plan_changed(self, hp: HostPlan) -> None:
+        """Track which local jobs the leader is profiling now."""
+        now = time.monotonic()
+        profiling = {a.job_id for a in hp.jobs if a.state is JobState.PROFILING}
+        for jid, track in self.tracks.items():
+            if jid in profiling and track.profiling_since is None:
+                track.profiling_since = now
+                track.wants_profile = False
+            elif jid not in profiling and track.profiling_since is not None:
+                self.estimate(jid, fresh=True)  # the whole window, up to its end
+                track.profiling_since = None
+        for jid in profiling - self.tracks.keys():
+            self.tracks[jid] = _JobTrack(profiling_since=now)
+
+    def forget(self, live: set[str]) -> None:
+        for jid in list(self.tracks):
+            if jid not in live:
+                del self.tracks[jid]
+
+    def job_counters(self, job_id: str) -> tuple[str, ...]:
+        ports = {f"rdma:{q.device}/{q.port}" for r in self.qp_records() if r.job_id == job_id
+                 for q in r.qps}
+        have = {c.name for c in self.counters}
+        mine = tuple(sorted(ports & have))
+        return mine or tuple(c.name for c in self.net)
+
+    def job_devices(self, job_id: str) -> set[int]:
+        owners = set(self.owners(job_id))
+        samples = list(self.gpu_samples)
+        seen = {p for s in samples for p in s.pids}
+        devices = {d for s in samples for p, devs in s.pids.items()
+                   if p in owners or (p in seen and belongs(p, owners)) for d in devs}
+        if not devices and not seen and self.job_count() == 1:
+            devices = set(range(len(self.inventory)))
+        return devices
+
+    def estimate(self, job_id: str, fresh: bool = False) -> JobEstimate | None:
+        """The job's figures over the last window (or its profiling window so far);
+        reused for a second, since status and reports both ask."""
+        track = self.tracks.setdefault(job_id, _JobTrack())
+        now = time.monotonic()
+        if not fresh and now - track.at < 1.0:
+            return track.last
+        track.at = now
+        names = self.job_counters(job_id)
+        track.counters = names
+        if not names:
+            return None
+        since = now - self.cfg.window_s
+        if track.profiling_since is not None:
+            since = max(since, track.profiling_since + self.cfg.settle_s)
+        start, rates = self.window.rates(names, since)
+        if rates.size == 0 or math.isnan(start):
+            return None
+        gpu = [s for s in self.gpu_samples if s.t >= start]
+        est = estimate_job(rates, self.cfg.rate_hz, gpu, self.inventory,
+                           self.job_devices(job_id))
+        if est is not None:
+            self._track(track, est, now)
+        return est
+
+    def _track(self, track: _JobTrack, est: JobEstimate, now: float) -> None:
+        track.last = est
+        if track.profiling_since is not None:
+            track.profiled, track.drifted = est, 0
+            return
+        ref = track.profiled
+        if ref is None or now - track.drift_at < self.cfg.window_s / 2:
+            return  # judge drift on windows that mostly do not overlap
+        track.drift_at = now
+        off = any(a > 0 and abs(b - a) > self.drift * a for a, b in (
+            (ref.period_s, est.period_s), (ref.flops_per_iter, est.flops_per_iter)))
+        track.drifted = track.drifted + 1 if off else 0
+        if track.drifted >= self.drift_windows and not track.wants_profile:
+            LOG.info("job behaviour changed (period %.3g -> %.3g s, W_j %.3g -> %.3g); "
+                     "asking to profile it again", ref.period_s, est.period_s,
+                     ref.flops_per_iter, est.flops_per_iter)
+            track.wants_profile = True
+
+    def measure(self, job: LocalJob, hints: Measurement) -> Measurement:
+        self.estimate(job.job_id)
+        track = self.tracks[job.job_id]
+        best = track.profiled or track.last
+        if best is None:
+            return Measurement(source=SOURCE)
+        # W_j is the same per iteration under contention: the latest is the better figure
+        w = (track.last or best).flops_per_iter or best.flops_per_iter
+        return Measurement(flops_per_iter=w, comm_s=best.comm_s, period_s=best.period_s,
+                           compute_s=best.compute_s, allreduce_bytes=best.bytes_per_iter,
+                           source=SOURCE if track.profiled else SOURCE + " (unprofiled)")
+
+    def wants_profile(self, job_id: str) -> bool:
+        track = self.tracks.get(job_id)
+        return track is not None and track.wants_profile
+
+
+class _PeakOverride:
+    """A backend whose devices all have the configured peak (hosts the table misses)."""
+
+    def __init__(self, inner: GpuBackend, peak: float) -> None:
+        self.inner, self.peak, self.name = inner, peak, inner.name
+
+    def inventory(self) -> list[GpuInfo]:
+        return [GpuInfo(g.index, g.name, g.uuid, g.pci_bus_id, self.peak)
+                for g in self.inner.inventory()]
+
+    def sample(self) -> GpuSample:
+        return self.inner.sample()
