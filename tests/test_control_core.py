@@ -608,3 +608,18 @@ def test_static_paths_keeps_this_hosts_rows() -> None:
     assert h0 == (PathTable("h2", (ProbedPath(("tor0", "agg1", "tor1"), (49153, 52017)),
                                    ProbedPath(("tor0", "agg3", "tor1"), (50342,)))),)
     assert StaticPaths(EXAMPLES / "path-table.json", "h2").paths() == ()
+
+
+def test_agent_request_profiles_a_done_job_again_only_with_profiling_on() -> None:
+    s = cluster(profiling_s=30.0)
+    s.ingest(report("h0", job("a")), now=0.0)
+    assert s.advance_profiling(0.0) == ["profiling: a"]
+    assert s.advance_profiling(31.0) == ["profiling done: a"]
+    asked = replace(job("a"), request_profiling=True)
+    assert s.ingest(report("h0", asked), now=32.0) == ["profiling requested: a by h0"]
+    assert s.ingest(report("h0", asked), now=33.0) == []  # queued already: no re-plan
+    assert s.advance_profiling(34.0) == ["profiling: a"]
+    off = cluster(profiling_s=0.0)
+    off.ingest(report("h0", job("a")), now=0.0)
+    off.advance_profiling(0.0, enabled=True)
+    assert off.ingest(report("h0", asked), now=1.0) == []  # nothing would ever profile it
