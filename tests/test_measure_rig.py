@@ -52,3 +52,25 @@ def test_period_and_comm_time_from_kernel_counters(period_s: float, burst_s: flo
           f"{est.confidence:.2f}, failed reads {doc['failed']}")
     assert abs(est.period_s - period_s) <= 0.02 * period_s
     assert abs(est.comm_s - burst_s) <= 0.10 * burst_s
+
+
+def test_cruxctl_measure_on_a_rig_host() -> None:
+    """The operator's view of the same thing: `cruxctl measure` inside the host's namespace."""
+    period_s, burst_s = 0.4, 0.1
+    with Fabric(hosts_per_leaf=1, leaves=2, spines=1) as f:
+        job = subprocess.Popen(["ip", "netns", "exec", f.ns("h0"), sys.executable, "-m",
+                                "tests.rig.bursts", f.address("h1"), str(period_s),
+                                str(burst_s), "40", "40"], cwd=REPO)
+        try:
+            r = f.exec("h0", str(Path(sys.executable).parent / "cruxctl"), "measure",
+                       "--interface", "eth0", "--no-rdma", "--gpu", "none", "--window", "6",
+                       "--json", timeout=40)
+        finally:
+            job.kill()
+            job.wait()
+    assert r.returncode == 0, r.stderr
+    est = json.loads(r.stdout)["estimate"]
+    assert est is not None, r.stdout
+    assert abs(est["period_s"] - period_s) <= 0.02 * period_s
+    assert abs(est["comm_s"] - burst_s) <= 0.10 * burst_s
+    assert est["flops_per_iter"] == 0 and est["note"] == "no GPUs mapped to the job"

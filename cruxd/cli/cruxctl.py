@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cruxd import __version__
-from cruxd.cli import live, probe
+from cruxd.cli import live, measure, probe
 from cruxd.errors import CruxError, ScenarioError, UsageError
 from cruxd.scenario import bundled, bundled_names, load_scenario
 
@@ -92,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 ok, 1 internal error, 2 bad input, 3 agent unreachable.")
     live.add_target_args(jb, leader=False)
     probe.add_parser(sub)
+    measure.add_parser(sub)
     return p
 
 
@@ -188,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return {"plan": cmd_plan, "simulate": cmd_simulate, "status": live.cmd_status,
-                "jobs": live.cmd_jobs, "probe": probe.cmd_probe}[args.command](args)
+                "jobs": live.cmd_jobs, "probe": probe.cmd_probe,
+                "measure": measure.cmd_measure}[args.command](args)
     except CruxError as exc:
         print(f"cruxctl: error: {exc}", file=sys.stderr)
         return exc.exit_status
