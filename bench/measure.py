@@ -12,7 +12,9 @@ Protocol
       (period 1 s, noise 0.2): --reps calls per batch, median of 5 batches.
   (c) The NIC sampler (cruxd/measure/nic.py) on this host's real /sys: every netdev tx
       counter (loopback included, so there is at least one), --sampler-s seconds at 100 Hz
-      (the default rate); CPU time / wall time = share of one core.
+      (the default rate); CPU time / wall time = share of one core. Also the agent's own
+      sampling thread (cruxd/agent/measuring.py, same counters, Event.wait between ticks),
+      and the floor: a thread that only wakes 100 times a second and reads nothing.
 
     .venv/bin/python bench/measure.py [--seeds N] [--reps R] [--sampler-s S]
 """
@@ -106,6 +108,43 @@ def sampler_row(seconds: float) -> list[object]:
             f"{cpu / wall * 100:.2f}", s.failed_reads]
 
 
+def agent_rows(seconds: float) -> list[list[object]]:
+    import threading
+    from pathlib import Path
+
+    from cruxd.agent.measuring import LiveMeasurement
+    from cruxd.daemon.config_model import MeasureConfig
+
+    names = tuple(sorted(p.name for p in Path("/sys/class/net").iterdir()))
+    cfg = MeasureConfig(rate_hz=100.0, window_s=30.0, gpu="none", gpu_file=None,
+                        gpu_interval_s=1.0, interfaces=names, rdma=True, peak_tflops=0.0,
+                        settle_s=1.0, sysfs=None)
+    live = LiveMeasurement(cfg, (), lambda job: [], lambda: [], lambda: 0)
+    w0, c0 = time.monotonic(), time.process_time()
+    live.start()
+    time.sleep(seconds)
+    live.stop()
+    wall, cpu = time.monotonic() - w0, time.process_time() - c0
+    rows: list[list[object]] = [["agent thread, 100 Hz", len(live.counters), f"{seconds:.0f}",
+                                 f"{cpu / wall * 100:.2f}", live.failed_cycles]]
+    stop = threading.Event()
+
+    def idle() -> None:
+        t = time.monotonic()
+        while not stop.wait(max(0.0, (t := t + 0.01) - time.monotonic())):
+            pass
+
+    th = threading.Thread(target=idle)
+    w0, c0 = time.monotonic(), time.process_time()
+    th.start()
+    time.sleep(seconds)
+    stop.set()
+    th.join()
+    wall, cpu = time.monotonic() - w0, time.process_time() - c0
+    rows.append(["idle wakeups, 100 Hz", 0, f"{seconds:.0f}", f"{cpu / wall * 100:.2f}", 0])
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=50)
@@ -124,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 [cpu_ms(hz, args.reps) for hz in (100.0, 1000.0)]))
     print()
     print(table(["NIC sampler", "counters", "seconds", "% of a core", "failed reads"],
-                [sampler_row(args.sampler_s)]))
+                [sampler_row(args.sampler_s), *agent_rows(args.sampler_s)]))
     print(f"\n# error = |estimate - realized mean period| / period over the estimates returned; "
           f"CPU = time.process_time, median of 5 batches of {args.reps} calls")
 

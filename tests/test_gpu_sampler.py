@@ -71,3 +71,99 @@ def test_nvml_backend_on_real_gpus() -> None:
     s = nv.sample()
     assert len(s.util) == len(inv)
     assert all(u is None or 0 <= u <= 100 for u in s.util)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("duty", [0.3, 0.7])
+def test_nvml_busy_follows_a_cuda_duty_cycle(tmp_path: Path, duty: float) -> None:
+    """A kernel spinning `duty` of every 200 ms: the busy fraction NVML reports, and so W_j,
+    must follow it (utilization.gpu counts time with a kernel running; GPM SM activity counts
+    busy SMs, and the kernel fills every SM)."""
+    import shutil
+    import subprocess
+    import time
+
+    try:
+        nv = NvmlBackend()
+    except NvmlUnavailable as exc:
+        pytest.skip(str(exc))
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not Path(nvcc).exists():
+        pytest.skip("nvcc (CUDA toolkit) not installed: cannot build the duty-cycle workload")
+    exe = tmp_path / "duty"
+    subprocess.run([nvcc, "-O2", "-o", str(exe), str(Path(__file__).parent / "c" / "duty.cu")],
+                   check=True)
+    job = subprocess.Popen([str(exe), str(200 * duty), "200", "8"])
+    try:
+        time.sleep(1.5)  # let the first kernels start
+        samples = []
+        for _ in range(25):
+            time.sleep(0.2)
+            samples.append(nv.sample())
+    finally:
+        job.wait(timeout=30)
+    busy = busy_fraction(samples, 0)
+    assert busy is not None
+    print(f"duty {duty}: NVML busy {busy:.3f} (GPM: {bool(samples[-1].sm_active)})")
+    assert abs(busy - duty) <= 0.1
+    w = work_per_iteration(samples, nv.inventory(), {0}, window_s=5.0, iterations=25)
+    if nv.inventory()[0].peak_tflops > 0:
+        assert w == pytest.approx(busy * nv.inventory()[0].peak_tflops * 1e12 * 5 / 25)
+
+
+class _FakeGpm:
+    """Just the GPM calls' shapes (no GPU here); checks our sequence, not NVML's numbers."""
+
+    NVML_SUCCESS = 0
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_SM_UTIL = 2
+
+    class NVMLError(Exception):
+        pass
+
+    class _Metric:
+        def __init__(self) -> None:
+            self.metricId, self.nvmlReturn, self.value = 0, 0, 0.0
+
+    class c_nvmlGpmMetricsGet_t:
+        def __init__(self) -> None:
+            self.version = self.numMetrics = 0
+            self.sample1 = self.sample2 = None
+            self.metrics = [_FakeGpm._Metric()]
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.pairs: list[tuple[object, object]] = []
+
+    def nvmlGpmQueryDeviceSupport(self, h: object) -> object:
+        return type("S", (), {"isSupportedDevice": 1})()
+
+    def nvmlGpmSampleAlloc(self) -> object:
+        return object()
+
+    def nvmlGpmSampleGet(self, h: object, s: object) -> object:
+        self.taken += 1
+        return s
+
+    def nvmlGpmMetricsGet(self, req: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:
+        assert req.metrics[0].metricId == self.NVML_GPM_METRIC_SM_UTIL and req.numMetrics == 1
+        self.pairs.append((req.sample1, req.sample2))
+        req.metrics[0].value = 42.0
+        return req
+
+
+def test_gpm_differences_consecutive_samples_and_wins_over_utilization() -> None:
+    nv = object.__new__(NvmlBackend)
+    fake = _FakeGpm()
+    nv._nv = fake
+    pair = nv._gpm_start("h0")
+    assert pair is not None and fake.taken == 1  # the first sample opens the interval
+    nv._gpm = [pair]
+    assert nv._sm_active(0, "h0") == 42.0
+    assert nv._sm_active(0, "h0") == 42.0
+    (a1, b1), (a2, b2) = fake.pairs
+    assert a2 is b1 and b2 is a1  # each interval starts where the last ended
+    from cruxd.measure.gpu import GpuSample
+
+    s = [GpuSample(0.0, (100.0,), {}, (42.0,)), GpuSample(1.0, (100.0,), {}, (None,))]
+    assert busy_fraction(s, 0) == pytest.approx((0.42 + 1.0) / 2)  # util where GPM missed

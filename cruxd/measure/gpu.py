@@ -9,9 +9,11 @@ Backends behind one small interface (`GpuBackend`):
     (`Recorder`) and replay it.
 
 W_j (FLOPs per iteration on this host) = sum over the job's GPUs of busy fraction x peak
-throughput x window / iterations. Busy fraction is NVML's utilization.gpu (share of the sample
-period in which a kernel ran), so W_j is an upper bound on useful work: a kernel that runs but
-does not saturate the SMs counts fully. Peak throughput: dense BF16/FP16 tensor TFLOPS from
+throughput x window / iterations. Busy fraction is GPM's SM activity (NVML_GPM_METRIC_SM_UTIL:
+the share of SMs busy, averaged over the interval) on GPUs that support GPM (Hopper and later),
+else NVML's utilization.gpu (share of the sample period in which any kernel ran), which makes
+W_j an upper bound on useful work: a kernel that runs but does not fill the SMs counts fully.
+Peak throughput: dense BF16/FP16 tensor TFLOPS from
 NVIDIA's datasheets (PEAK_TFLOPS), overridable per device name.
 """
 
@@ -54,6 +56,7 @@ class GpuSample:
     t: float  # monotonic seconds
     util: tuple[float | None, ...]  # percent busy per device index; None: not readable
     pids: dict[int, tuple[int, ...]] = field(default_factory=dict)  # pid -> device indices
+    sm_active: tuple[float | None, ...] = ()  # GPM SM activity percent per device, if any
 
 
 class GpuBackend(Protocol):
@@ -81,6 +84,34 @@ class NvmlBackend:
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
                          for i in range(pynvml.nvmlDeviceGetCount())]
         self._overrides = overrides
+        self._gpm = [self._gpm_start(h) for h in self._handles]
+
+    def _gpm_start(self, handle: Any) -> list[Any] | None:
+        """[previous sample, spare] for a GPM-capable device; None where GPM is absent."""
+        nv = self._nv
+        support = self._get(nv.nvmlGpmQueryDeviceSupport, handle)
+        if support is None or not support.isSupportedDevice:
+            return None
+        pair = [self._get(nv.nvmlGpmSampleAlloc), self._get(nv.nvmlGpmSampleAlloc)]
+        if None in pair or self._get(nv.nvmlGpmSampleGet, handle, pair[0]) is None:
+            return None
+        return pair
+
+    def _sm_active(self, i: int, handle: Any) -> float | None:
+        """SM activity since the previous sample (GPM needs two samples to difference)."""
+        nv, pair = self._nv, self._gpm[i]
+        if pair is None or self._get(nv.nvmlGpmSampleGet, handle, pair[1]) is None:
+            return None
+        req = nv.c_nvmlGpmMetricsGet_t()
+        req.version = nv.NVML_GPM_METRICS_GET_VERSION
+        req.numMetrics = 1
+        req.sample1, req.sample2 = pair[0], pair[1]
+        req.metrics[0].metricId = nv.NVML_GPM_METRIC_SM_UTIL
+        pair.reverse()  # the newer sample is the next interval's start
+        got = self._get(nv.nvmlGpmMetricsGet, req)
+        if got is None or got.metrics[0].nvmlReturn != nv.NVML_SUCCESS:
+            return None
+        return float(got.metrics[0].value)
 
     def _get(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -102,14 +133,17 @@ class NvmlBackend:
     def sample(self) -> GpuSample:
         nv = self._nv
         util: list[float | None] = []
+        sm: list[float | None] = []
         pids: dict[int, list[int]] = {}
         for i, h in enumerate(self._handles):
             u = self._get(nv.nvmlDeviceGetUtilizationRates, h)
             util.append(float(u.gpu) if u is not None else None)
+            sm.append(self._sm_active(i, h))
             for p in self._get(nv.nvmlDeviceGetComputeRunningProcesses, h) or []:
                 pids.setdefault(int(p.pid), []).append(i)
         return GpuSample(time.monotonic(), tuple(util),
-                         {p: tuple(d) for p, d in pids.items()})
+                         {p: tuple(d) for p, d in pids.items()},
+                         tuple(sm) if any(v is not None for v in sm) else ())
 
 
 class ReplayBackend:
@@ -121,7 +155,8 @@ class ReplayBackend:
             doc = json.loads(Path(path).read_text())
             self._inv = [GpuInfo(**g) for g in doc["inventory"]]
             self._samples = [GpuSample(float(s["t"]), tuple(s["util"]),
-                                       {int(p): tuple(d) for p, d in s.get("pids", {}).items()})
+                                       {int(p): tuple(d) for p, d in s.get("pids", {}).items()},
+                                       tuple(s.get("sm_active", ())))
                              for s in doc["samples"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a GPU recording: {exc}") from None
@@ -156,7 +191,8 @@ class Recorder:
     def save(self, path: str | Path) -> None:
         doc = {"inventory": [asdict(g) for g in self.inventory()],
                "samples": [{"t": s.t, "util": list(s.util),
-                            "pids": {str(p): list(d) for p, d in s.pids.items()}}
+                            "pids": {str(p): list(d) for p, d in s.pids.items()},
+                            **({"sm_active": list(s.sm_active)} if s.sm_active else {})}
                            for s in self.samples]}
         Path(path).write_text(json.dumps(doc, indent=1))
 
@@ -166,11 +202,17 @@ def job_gpus(samples: list[GpuSample], pids: set[int]) -> set[int]:
     return {d for s in samples for p, devs in s.pids.items() if p in pids for d in devs}
 
 
+def _busy(s: GpuSample, device: int) -> float | None:
+    if device < len(s.sm_active) and s.sm_active[device] is not None:
+        return s.sm_active[device]
+    return s.util[device] if device < len(s.util) else None
+
+
 def busy_fraction(samples: list[GpuSample], device: int) -> float | None:
-    """Mean utilisation of one device over the samples (0..1); None if never readable."""
-    vals = [s.util[device] for s in samples
-            if device < len(s.util) and s.util[device] is not None]
-    return sum(v for v in vals if v is not None) / 100.0 / len(vals) if vals else None
+    """Mean busy share of one device over the samples (0..1), GPM SM activity where a
+    sample has it, else utilization.gpu; None if never readable."""
+    vals = [v for s in samples if (v := _busy(s, device)) is not None]
+    return sum(vals) / 100.0 / len(vals) if vals else None
 
 
 def work_per_iteration(samples: list[GpuSample], inventory: list[GpuInfo], devices: set[int],
