@@ -211,6 +211,12 @@ class Agent:
             await self._status(reply.status, req.status.local_only)
         elif kind == "jobs":
             reply.jobs.jobs.extend(convert.local_job_to_pb(j) for j in self.local_jobs())
+        elif kind == "hints":
+            doc, err, code = await self.link.hints(req.hints.format)
+            if doc is None:
+                return _error(INVALID_ARGUMENT if code == "INVALID_ARGUMENT" else UNAVAILABLE,
+                              f"leader {self.link.address}: {err}")
+            reply.hints.CopyFrom(doc)
         elif kind == "plan":
             doc, err = await self.link.plan_document()
             if doc is None:

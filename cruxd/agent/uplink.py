@@ -145,3 +145,11 @@ class LeaderLink:
             return await self._stub.GetPlan(lpb.PlanRequest(), timeout=5.0), ""
         except grpc.aio.AioRpcError as exc:
             return None, f"{exc.code().name}: {exc.details()}"
+
+    async def hints(self, fmt: str) -> tuple[cpb.HintsDocument | None, str, str]:
+        """(document, error, gRPC status name of the error)."""
+        try:
+            doc = await self._stub.GetHints(cpb.HintsRequest(format=fmt), timeout=10.0)
+            return doc, "", ""
+        except grpc.aio.AioRpcError as exc:
+            return None, f"{exc.code().name}: {exc.details()}", exc.code().name

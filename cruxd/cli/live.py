@@ -67,7 +67,7 @@ def to_json(msg: Message) -> dict[str, Any]:
                                      always_print_fields_with_no_presence=True)
 
 
-def _local(args: argparse.Namespace, body: str, **fields: Any) -> Any:
+def local(args: argparse.Namespace, body: str, **fields: Any) -> Any:
     from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
     from cruxd.rpc.local import UNAVAILABLE, AgentUnavailable, LocalClient
 
@@ -85,7 +85,7 @@ def _local(args: argparse.Namespace, body: str, **fields: Any) -> Any:
     return reply
 
 
-def _leader_call(args: argparse.Namespace, method: str) -> Any:
+def leader_call(args: argparse.Namespace, method: str, request: Any = None) -> Any:
     import asyncio
 
     import grpc
@@ -107,7 +107,8 @@ def _leader_call(args: argparse.Namespace, method: str) -> Any:
         ch = tls.channel(args.leader, tls_config or TlsConfig(None, None, None, None))
         try:
             stub = lgrpc.LeaderStub(ch)
-            req = lpb.StatusRequest() if method == "Status" else lpb.PlanRequest()
+            req = request or (lpb.StatusRequest() if method == "Status"
+                              else lpb.PlanRequest())
             return await getattr(stub, method)(req, timeout=5.0)
         finally:
             await ch.close()
@@ -122,11 +123,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from cruxd.cli.status_view import print_status
 
     if args.leader:
-        cluster = _leader_call(args, "Status")
+        cluster = leader_call(args, "Status")
         doc: dict[str, Any] = {"agent": None, "cluster": to_json(cluster)}
         agent = None
     else:
-        reply = _local(args, "status", local_only=args.local)
+        reply = local(args, "status", local_only=args.local)
         status = reply.status
         agent = status.agent
         cluster = status.cluster if status.HasField("cluster") else None
@@ -144,7 +145,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     from cruxd.cli.status_view import print_jobs
 
-    reply = _local(args, "jobs")
+    reply = local(args, "jobs")
     if args.json:
         json.dump(to_json(reply.jobs), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -156,7 +157,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_plan_live(args: argparse.Namespace) -> int:
-    doc = (_leader_call(args, "GetPlan") if args.leader else _local(args, "plan").plan)
+    doc = (leader_call(args, "GetPlan") if args.leader else local(args, "plan").plan)
     plan = json.loads(doc.json)
     if args.json:
         json.dump(plan, sys.stdout, indent=2)
@@ -170,4 +171,4 @@ def cmd_plan_live(args: argparse.Namespace) -> int:
 
 
 __all__ = ["UNREACHABLE", "add_target_args", "cmd_jobs", "cmd_plan_live", "cmd_status",
-           "socket_path", "to_json"]
+           "leader_call", "local", "socket_path", "to_json"]

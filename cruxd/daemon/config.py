@@ -247,6 +247,8 @@ def _leader(s: Section, state_dir: Path) -> LeaderConfig:
         star_nic_gbps=s.number("star_nic_gbps", 100.0, Range(0, 100000, lo_open=True)),
         max_jobs=s.integer("max_jobs", 100000, Range(1, 10_000_000)),
         state_file=s.path("state_file") or state_dir / "leader-state.json",
+        hints_dir=s.path("hints_dir"),
+        hints_interval_s=s.number("hints_interval_s", 60.0, Range(1, 86400)),
     )
 
 

@@ -90,6 +90,8 @@ class LeaderConfig:
     star_nic_gbps: float
     max_jobs: int
     state_file: Path
+    hints_dir: Path | None  # None: no periodic placement-hint export
+    hints_interval_s: float
 
 
 @dataclass(frozen=True, slots=True)

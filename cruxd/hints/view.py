@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from cruxd.model.topology import NodeKind, Topology
 
@@ -78,11 +79,12 @@ class FabricView:
     links: tuple[LinkHint, ...]  # sorted by (src, dst)
     jobs: tuple[JobHint, ...] = ()
 
+    @cached_property
+    def _link_index(self) -> dict[tuple[str, str], LinkHint]:
+        return {(lk.src, lk.dst): lk for lk in self.links}
+
     def link(self, src: str, dst: str) -> LinkHint | None:
-        for lk in self.links:
-            if lk.src == src and lk.dst == dst:
-                return lk
-        return None
+        return self._link_index.get((src, dst))
 
     def pods(self) -> dict[str, tuple[str, ...]]:
         """pod -> its leaves, sorted."""
@@ -116,11 +118,14 @@ def build_view(topo: Topology, *, gpus: Mapping[str, int] | None = None,
     gpus = gpus or {}
     used = used or {}
     hosts = set(topo.hosts)
-    nbrs: dict[str, set[str]] = {n: set() for n in topo.nodes}
-    for lk in topo.links:
-        nbrs[lk.src].add(lk.dst)
-        nbrs[lk.dst].add(lk.src)
-    switches = [s for s in topo.nodes if topo.nodes[s].kind is NodeKind.SWITCH]
+    alias = split_leaves(topo)
+    edges = [(alias.get(lk.src, lk.src), alias.get(lk.dst, lk.dst), lk.capacity_gbps)
+             for lk in topo.links]
+    nbrs: dict[str, set[str]] = {n: set() for n in topo.nodes if n not in alias}
+    for a, z, _ in edges:
+        nbrs[a].add(z)
+        nbrs[z].add(a)
+    switches = [s for s in nbrs if topo.nodes[s].kind is NodeKind.SWITCH]
     leaves = sorted((s for s in switches if nbrs[s] & hosts), key=natural)
     leaf_set = set(leaves)
     aggs = sorted((s for s in switches if s not in leaf_set and nbrs[s] & leaf_set),
@@ -138,15 +143,50 @@ def build_view(topo: Topology, *, gpus: Mapping[str, int] | None = None,
         host_hints[h] = HostHint(h, mine, pod, total, min(total, used.get(h, 0)))
 
     merged: dict[tuple[str, str], list[float]] = {}
-    for lk in topo.links:
-        merged.setdefault((lk.src, lk.dst), []).append(lk.capacity_gbps)
-    load = load or {}
-    measured = measured or {}
+    for a, z, cap in edges:
+        merged.setdefault((a, z), []).append(cap)
+    loads: dict[tuple[str, str], list[float]] = {}
+    for (a, z), per_level in (load or {}).items():
+        key = (alias.get(a, a), alias.get(z, z))
+        acc = loads.setdefault(key, [0.0] * len(per_level))
+        for i, v in enumerate(per_level):
+            acc[i] += v
+    best: dict[tuple[str, str], float] = {}
+    for (a, z), v in (measured or {}).items():
+        key = (alias.get(a, a), alias.get(z, z))
+        best[key] = max(best.get(key, 0.0), v)
     links = tuple(
-        LinkHint(a, z, sum(caps), len(caps), tuple(load.get((a, z), ())), measured.get((a, z)))
+        LinkHint(a, z, sum(caps), len(caps), tuple(loads.get((a, z), ())), best.get((a, z)))
         for (a, z), caps in sorted(merged.items()))
     return FabricView(topo.name, generated_unix_ms, levels, host_hints, leaf_pod, pod_aggs,
                       cores, links, jobs)
+
+
+def split_leaves(topo: Topology) -> dict[str, str]:
+    """Halves of one ToR that probing could not tie together -> the name kept for it.
+
+    Routers that answer TTL probes from the interface a probe arrived on show a ToR as two
+    routers: one its hosts' traffic enters (host links in only), one that delivers to them
+    (host links out only), and nothing in the hop lists ties their addresses (see
+    cruxd/control/discovery.py). Such one-way halves serving the same hosts are one ToR.
+    Real ToRs carry host links both ways, so a dual-homed pair is never merged. The
+    aggregation and core switches can stay split the same way; that over-counts them but
+    leaves every tier (host -> leaf -> pod) exact."""
+    up: dict[str, set[str]] = {}
+    down: dict[str, set[str]] = {}
+    for lk in topo.links:
+        if topo.is_host(lk.src) and not topo.is_host(lk.dst):
+            up.setdefault(lk.dst, set()).add(lk.src)
+        elif topo.is_host(lk.dst) and not topo.is_host(lk.src):
+            down.setdefault(lk.src, set()).add(lk.dst)
+    groups: dict[frozenset[str], list[str]] = {}
+    for leaf in up.keys() ^ down.keys():  # one-way halves only
+        groups.setdefault(frozenset(up.get(leaf) or down[leaf]), []).append(leaf)
+    alias = {}
+    for halves in groups.values():
+        keep = min(halves, key=natural)
+        alias.update({h: keep for h in halves if h != keep})
+    return alias
 
 
 def _pods(leaves: list[str], aggs: set[str], nbrs: dict[str, set[str]]

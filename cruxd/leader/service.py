@@ -24,7 +24,9 @@ from cruxd.control.cluster import ClusterState
 from cruxd.control.planning import LeaderPlanConfig, PublishedPlan, make_plan, plan_inputs
 from cruxd.control.validate import InvalidMessage, check_host_id, check_report
 from cruxd.daemon.config_model import Config
+from cruxd.hints.render import FORMATS
 from cruxd.leader import store
+from cruxd.leader.hints import LeaderHints
 from cruxd.leader.status import cluster_status
 from cruxd.model.topology import Topology
 from cruxd.rpc import convert
@@ -59,6 +61,7 @@ class Leader(lgrpc.LeaderServicer):
         self._persist: asyncio.Task[None] | None = None
         self._unsaved = asyncio.Event()
         self.watchers = 0
+        self.hints = LeaderHints(self)
 
     # --- lifecycle ---------------------------------------------------------
     def restore(self) -> None:
@@ -71,8 +74,10 @@ class Leader(lgrpc.LeaderServicer):
     def start(self) -> None:
         self._task = asyncio.create_task(self._planner(), name="planner")
         self._persist = asyncio.create_task(self._persister(), name="persist")
+        self.hints.start()
 
     async def stop(self) -> None:
+        await self.hints.stop()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -176,6 +181,7 @@ class Leader(lgrpc.LeaderServicer):
                 await self._reject(context, "Report", InvalidMessage(
                     "jobs", f"leader.max_jobs ({self.max_jobs}) reached"))
         self._event(*self.state.ingest(report, self.clock()))
+        self.hints.observe(report)
         return lpb.ReportAck(plan_generation=self.plan.generation if self.plan else 0,
                              agent_timeout_s=self.config.leader.agent_timeout_s)
 
@@ -219,6 +225,20 @@ class Leader(lgrpc.LeaderServicer):
         return cpb.PlanDocument(generation=self.plan.generation,
                                 json=json.dumps(doc, allow_nan=False))
 
+    async def GetHints(self, request: cpb.HintsRequest,
+                       context: grpc.aio.ServicerContext) -> cpb.HintsDocument:
+        if request.format not in FORMATS:
+            await self._reject(context, "GetHints", InvalidMessage(
+                "format", f"unknown format {request.format!r}; formats: {', '.join(FORMATS)}"))
+        got = await asyncio.to_thread(self.hints.render, request.format)
+        if got is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no agent has reported yet")
+            raise AssertionError("unreachable")
+        return cpb.HintsDocument(format=got.format, version=got.version,
+                                 media_type=got.media_type, text=got.text,
+                                 plan_generation=self.plan.generation if self.plan else 0,
+                                 generated_unix_ms=int(self.clock() * 1000))
+
 
 def load_topology(path: Path | None) -> Topology | None:
     if path is None:
@@ -227,4 +247,3 @@ def load_topology(path: Path | None) -> Topology | None:
     from cruxd.scenario.topology import parse_topology
 
     return parse_topology(Cursor(load_document(path)), path.parent)
-

@@ -1,0 +1,90 @@
+"""`cruxctl hints`: placement hints for topology-aware schedulers (docs/hints.md).
+
+From the running leader (through the local agent, or --leader), or what-if from a scenario
+(--scenario: its topology and jobs, planned here, no daemon needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from cruxd.cli import live
+from cruxd.errors import ScenarioError, UsageError
+
+FORMATS = ("spiderflow", "arnold", "volcano", "slurm", "labels", "bandwidth")
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "hints", help="export placement hints for SpiderFlow, Arnold, Volcano, Slurm",
+        description="The fabric as crux sees it (tiers from probed hop lists or the "
+                    "configured topology, free GPUs per host, nominal and measured bandwidth, "
+                    "planned load per priority level), in the format a topology-aware "
+                    "scheduler consumes. Formats and their schemas: docs/hints.md.",
+        epilog="Formats: spiderflow (state table, widest-path bandwidth, scores), arnold "
+               "(minipods, capacity, high-priority load), volcano (HyperNode manifests, "
+               "YAML), labels (Kubernetes node labels), slurm (topology.conf), bandwidth "
+               "(measured per host pair and path). Exit status: 0 ok, 1 internal error, "
+               "2 bad input, 3 agent/leader unreachable.")
+    p.add_argument("--format", required=True, choices=FORMATS, metavar="FORMAT",
+                   help=f"one of: {', '.join(FORMATS)}")
+    p.add_argument("--out", type=Path, metavar="FILE", help="write here instead of stdout")
+    p.add_argument("--scenario", metavar="SCENARIO",
+                   help="what-if: a scenario file or bundled name instead of the live leader")
+    p.add_argument("--socket", metavar="PATH", help="the agent's socket")
+    p.add_argument("--config", metavar="FILE", type=Path,
+                   help="socket path and TLS files from this cruxd configuration")
+    p.add_argument("--leader", metavar="HOST:PORT", help="ask this leader directly")
+
+
+def _scenario_text(args: argparse.Namespace) -> str:
+    from cruxd.cli.cruxctl import _resolve
+    from cruxd.hints.collect import level_loads
+    from cruxd.hints.render import render
+    from cruxd.hints.view import JobHint, build_view
+    from cruxd.scenario import load_scenario
+    from cruxd.scheduler import plan
+
+    path = _resolve(args.scenario)
+    sc = load_scenario(path)
+    try:
+        result = plan(sc.view, sc.config)
+    except ValueError as exc:
+        raise ScenarioError(f"cannot plan: {exc}", where=str(path)) from None
+    used: dict[str, int] = {}
+    for j in sc.view.jobs:
+        for host, n in j.hosts:
+            used[host] = used.get(host, 0) + n
+    decided = {d.job: d for d in result.jobs}
+    jobs = tuple(JobHint(j.id, tuple(h for h, _ in j.hosts), sum(n for _, n in j.hosts),
+                         decided[j.id].intensity if j.id in decided else 0.0,
+                         decided[j.id].level if j.id in decided else 0) for j in sc.view.jobs)
+    view = build_view(sc.view.topology, used=used, load=level_loads(result, result.levels),
+                      jobs=jobs, levels=result.levels, generated_unix_ms=int(time.time() * 1000))
+    return render(args.format, view).text
+
+
+def cmd_hints(args: argparse.Namespace) -> int:
+    if args.scenario is not None:
+        if args.socket or args.leader or args.config:
+            raise UsageError("--scenario plans here; it takes no --socket, --config, --leader")
+        text = _scenario_text(args)
+    else:
+        from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+
+        req = cpb.HintsRequest(format=args.format)
+        doc = (live.leader_call(args, "GetHints", req) if args.leader
+               else live.local(args, "hints", format=args.format).hints)
+        text = doc.text
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        args.out.write_text(text)
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: {exc.strerror}") from None
+    print(f"{args.format} hints written to {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,115 @@
+"""The leader's placement hints: the view of its fabric, measured bandwidth from the agents'
+reports, `GetHints`, and the periodic export to a directory (docs/hints.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cruxd.control.planning import LeaderPlanConfig, fabric_for, plan_inputs
+from cruxd.control.records import AgentReport
+from cruxd.hints.bandwidth import BandwidthLog, samples_from
+from cruxd.hints.collect import leader_view
+from cruxd.hints.render import FILE_NAMES, FORMATS, Rendered, render
+from cruxd.hints.view import FabricView
+
+if TYPE_CHECKING:
+    from cruxd.leader.service import Leader
+
+LOG = logging.getLogger(__name__)
+
+
+class LeaderHints:
+    def __init__(self, leader: Leader) -> None:
+        self.leader = leader
+        self.bandwidth = BandwidthLog()
+        self._task: asyncio.Task[None] | None = None
+        self._written: dict[str, str] = {}
+
+    def observe(self, report: AgentReport) -> None:
+        plan = self.leader.plan
+        if plan is None:
+            return
+        assignments = {a.job_id: a for a in plan.jobs}
+        self.bandwidth.add(samples_from(report.host.host_id, report.jobs, assignments,
+                                        int(self.leader.clock() * 1000)))
+
+    def view(self) -> FabricView | None:
+        """None before any agent has reported (nothing is known of the fabric)."""
+        ld = self.leader
+        if not ld.state.live_agents():
+            return None
+        lc = ld.config.leader
+        now = ld.clock()
+        inputs = plan_inputs(ld.state, now)
+        topo, _, _ = fabric_for(inputs, ld.topology,
+                                LeaderPlanConfig(lc.levels, lc.dscp, lc.star_nic_gbps))
+        plan = ld.plan
+        return leader_view(
+            topo, gpus={h: r.inventory.gpus for h, r in ld.state.live_agents().items()},
+            jobs=inputs.jobs, assignments=plan.jobs if plan else (),
+            plan=plan.result if plan else None, levels=lc.levels,
+            measured=self.bandwidth.link_measured(), now_ms=int(now * 1000))
+
+    def render(self, fmt: str) -> Rendered | None:
+        view = self.view()
+        return None if view is None else render(fmt, view, self.bandwidth.samples())
+
+    # --- periodic export ---------------------------------------------------------
+    def start(self) -> None:
+        if self.leader.config.leader.hints_dir is not None:
+            self._task = asyncio.create_task(self._exporter(), name="hints-export")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _exporter(self) -> None:
+        while True:
+            self.export_once()
+            await asyncio.sleep(self.leader.config.leader.hints_interval_s)
+
+    def export_once(self) -> int:
+        """Write every format whose text changed; returns how many files were written."""
+        out = self.leader.config.leader.hints_dir
+        view = self.view() if out is not None else None
+        if out is None or view is None:
+            return 0
+        written = 0
+        for fmt in FORMATS:
+            try:
+                text = render(fmt, view, self.bandwidth.samples()).text
+            except Exception:  # one broken format must not stop the others
+                LOG.exception("hints: cannot render %s", fmt)
+                continue
+            if self._written.get(fmt) == text:
+                continue
+            try:
+                _write_atomic(out / FILE_NAMES[fmt], text)
+            except OSError as exc:
+                LOG.error("hints: cannot write %s: %s", out / FILE_NAMES[fmt], exc.strerror)
+                continue
+            self._written[fmt] = text
+            written += 1
+        if written:
+            LOG.info("hints: wrote %d file(s) to %s", written, out)
+        return written
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Pollers never see half a file: write a temporary beside it, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

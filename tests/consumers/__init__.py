@@ -1,0 +1,1 @@
+"""Reference consumers of the placement-hint exports; they read only the documents."""
