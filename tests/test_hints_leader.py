@@ -125,3 +125,18 @@ def test_leader_serves_hints_and_exports_them(tmp_path: Path) -> None:
             job.kill()
             job.wait()
         d.stop()
+
+
+@pytest.mark.parametrize(("fmt", "schema"), [
+    ("spiderflow", "spiderflow"), ("arnold", "arnold"), ("labels", "node-labels"),
+    ("bandwidth", "bandwidth")])
+def test_live_style_exports_validate_against_their_schemas(fmt: str, schema: str) -> None:
+    import jsonschema
+
+    route = PeerRoute("h0", "h2", ("10.0.0.3",), 0xC001, ("tor0", "agg1", "tor1"))
+    a = {"a": JobAssignment("a", JobState.PROFILING, routes=(route,))}
+    log = BandwidthLog()
+    log.add(samples_from("h0", [live_job("nvml+nic")], a, 5))
+    view = build_view(clos2(2, 2, 2), used={"h0": 3}, measured=log.link_measured())
+    doc = json.loads(render(fmt, view, log.samples()).text)
+    jsonschema.validate(doc, json.loads((SCHEMAS / f"{schema}.schema.json").read_text()))
