@@ -140,3 +140,9 @@ def test_live_style_exports_validate_against_their_schemas(fmt: str, schema: str
     view = build_view(clos2(2, 2, 2), used={"h0": 3}, measured=log.link_measured())
     doc = json.loads(render(fmt, view, log.samples()).text)
     jsonschema.validate(doc, json.loads((SCHEMAS / f"{schema}.schema.json").read_text()))
+
+
+def test_cli_lists_the_same_formats_as_the_renderer() -> None:
+    from cruxd.cli.hints import FORMATS as CLI_FORMATS  # kept apart: no numpy at parse time
+
+    assert CLI_FORMATS == FORMATS

@@ -14,6 +14,7 @@ from pathlib import Path
 from cruxd.cli import live
 from cruxd.errors import ScenarioError, UsageError
 
+# the renderer's list (cruxd.hints.render.FORMATS), repeated so --help needs no numpy
 FORMATS = ("spiderflow", "arnold", "volcano", "slurm", "labels", "bandwidth")
 
 
