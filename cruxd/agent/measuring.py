@@ -35,9 +35,8 @@ from cruxd.agent.inventory import netdevs_for
 from cruxd.control.records import HostPlan, JobState, LocalJob, Measurement, Nic
 from cruxd.daemon.config_model import MeasureConfig
 from cruxd.measure.estimate import JobEstimate, estimate_job
-from cruxd.measure.gpu import GpuBackend, GpuInfo, GpuSample, NvmlBackend, ReplayBackend
-from cruxd.measure.nic import Counter, net_counters, rdma_counters
-from cruxd.measure.nic import _Reader as CounterReader
+from cruxd.measure.gpu import GpuBackend, GpuInfo, GpuSample, NvmlUnavailable, open_backend
+from cruxd.measure.nic import Counter, CounterReader, net_counters, rdma_counters
 from cruxd.measure.window import CounterWindow
 from transport.qp_records import ProcessRecords
 
@@ -99,7 +98,8 @@ class LiveMeasurement:
         self.gpu_samples: deque[GpuSample] = deque(
             maxlen=max(2, math.ceil(2 * cfg.window_s / cfg.gpu_interval_s)))
         self.tracks: dict[str, _JobTrack] = {}
-        self.failed_cycles = 0
+        self._reader = CounterReader()
+        self._gpu_failures = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.name = f"live ({SOURCE})"
@@ -118,6 +118,11 @@ class LiveMeasurement:
             self.inventory = self.gpu.inventory()
             self._spawn("crux-gpu-sampler", self._gpu_loop)
 
+    @property
+    def failed_cycles(self) -> int:
+        """Counter readings and GPU samples that failed (each logged once per cause)."""
+        return self._reader.failed + self._gpu_failures
+
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
         t.start()
@@ -131,38 +136,17 @@ class LiveMeasurement:
     def _open_gpu(self) -> GpuBackend | None:
         c = self.cfg
         try:
-            if c.gpu == "replay" and c.gpu_file is not None:
-                backend: GpuBackend = ReplayBackend(c.gpu_file)
-            elif c.gpu == "nvml":
-                backend = NvmlBackend()
-            else:
-                return None
-        except (ValueError, RuntimeError) as exc:  # NvmlUnavailable is a RuntimeError
+            return open_backend(c.gpu, c.gpu_file, c.peak_tflops)
+        except (ValueError, NvmlUnavailable) as exc:
             self.gpu_error = str(exc)
             LOG.warning("live measurement: %s; W_j stays unknown", exc)
             return None
-        if c.peak_tflops > 0:
-            backend = _PeakOverride(backend, c.peak_tflops)
-        return backend
 
     def _nic_loop(self) -> None:
-        reader, period = CounterReader(), 1.0 / self.cfg.rate_hz
-        failing: set[str] = set()
+        reader, period = self._reader, 1.0 / self.cfg.rate_hz
         next_t = time.monotonic()
         while not self._stop.is_set():
-            values: list[float | None] = []
-            for c in self.counters:
-                try:
-                    values.append(reader.read(c))
-                    failing.discard(c.name)
-                except (OSError, ValueError, IndexError) as exc:
-                    values.append(None)
-                    self.failed_cycles += 1
-                    if c.name not in failing:
-                        LOG.warning("%s: cannot read %s (%s); skipped until it recovers",
-                                    c.name, c.path, exc)
-                        failing.add(c.name)
-            self.window.add(time.monotonic(), values)
+            self.window.add(time.monotonic(), [reader.read_or_none(c) for c in self.counters])
             next_t += period
             delay = next_t - time.monotonic()
             if delay < -period:  # fell behind (suspended?): restart the grid, leave a gap
@@ -177,7 +161,7 @@ class LiveMeasurement:
             try:
                 s = self.gpu.sample()
             except Exception as exc:  # a driver hiccup must not end sampling
-                self.failed_cycles += 1
+                self._gpu_failures += 1
                 LOG.warning("GPU sample failed: %s", exc)
                 continue
             self.gpu_samples.append(GpuSample(time.monotonic(), s.util, s.pids))
@@ -278,16 +262,3 @@ class LiveMeasurement:
         track = self.tracks.get(job_id)
         return track is not None and track.wants_profile
 
-
-class _PeakOverride:
-    """A backend whose devices all have the configured peak (hosts the table misses)."""
-
-    def __init__(self, inner: GpuBackend, peak: float) -> None:
-        self.inner, self.peak, self.name = inner, peak, inner.name
-
-    def inventory(self) -> list[GpuInfo]:
-        return [GpuInfo(g.index, g.name, g.uuid, g.pci_bus_id, self.peak)
-                for g in self.inner.inventory()]
-
-    def sample(self) -> GpuSample:
-        return self.inner.sample()

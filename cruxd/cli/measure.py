@@ -49,25 +49,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _gpu(args: argparse.Namespace) -> tuple[GpuBackend | None, str]:
-    from cruxd.measure.gpu import NvmlBackend, NvmlUnavailable, Recorder, ReplayBackend
+    from cruxd.measure.gpu import NvmlUnavailable, Recorder, open_backend
 
-    if args.gpu == "replay":
-        if args.gpu_file is None:
-            raise UsageError("--gpu replay needs --gpu-file")
-        try:
-            backend: GpuBackend = ReplayBackend(args.gpu_file)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    elif args.gpu_file is not None:
+    if args.gpu == "replay" and args.gpu_file is None:
+        raise UsageError("--gpu replay needs --gpu-file")
+    if args.gpu != "replay" and args.gpu_file is not None:
         raise UsageError("--gpu-file is only used with --gpu replay")
-    elif args.gpu == "nvml":
-        try:
-            backend = NvmlBackend()
-        except NvmlUnavailable as exc:
-            if args.record is not None:
-                raise CruxError(f"cannot record: {exc}") from None
-            return None, str(exc)
-    else:
+    try:
+        backend = open_backend(args.gpu, args.gpu_file)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except NvmlUnavailable as exc:
+        if args.record is not None:
+            raise CruxError(f"cannot record: {exc}") from None
+        return None, str(exc)
+    if backend is None:
         return None, "GPUs not sampled (--gpu none)"
     return (Recorder(backend) if args.record is not None else backend), ""
 

@@ -173,6 +173,38 @@ class ReplayBackend:
         return s
 
 
+class PeakOverride:
+    """A backend whose devices all have the configured peak (hosts the table misses)."""
+
+    def __init__(self, inner: GpuBackend, peak: float) -> None:
+        self.inner, self.peak, self.name = inner, peak, inner.name
+
+    def inventory(self) -> list[GpuInfo]:
+        return [GpuInfo(g.index, g.name, g.uuid, g.pci_bus_id, self.peak)
+                for g in self.inner.inventory()]
+
+    def sample(self) -> GpuSample:
+        return self.inner.sample()
+
+
+def open_backend(kind: str, replay_file: str | Path | None = None,
+                 peak_tflops: float = 0.0) -> GpuBackend | None:
+    """The backend a configuration names ("nvml", "replay" with its file, "none": None),
+    every device at `peak_tflops` when that is set. Raises NvmlUnavailable, or ValueError
+    for a bad recording."""
+    if kind == "none":
+        return None
+    if kind == "replay":
+        if replay_file is None:
+            raise ValueError("replaying GPUs needs a recording")
+        backend: GpuBackend = ReplayBackend(replay_file)
+    elif kind == "nvml":
+        backend = NvmlBackend()
+    else:
+        raise ValueError(f"unknown GPU source {kind!r}; sources: nvml, replay, none")
+    return PeakOverride(backend, peak_tflops) if peak_tflops > 0 else backend
+
+
 class Recorder:
     """Wraps a backend and keeps what it returned, to save as a replayable recording."""
 

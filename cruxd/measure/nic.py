@@ -69,12 +69,15 @@ class RateSeries:
         return len(self.rates) / self.rate_hz
 
 
-class _Reader:
-    """Keeps each counter file open and re-reads it with pread at offset 0 (sysfs returns a
-    fresh value each time): open/read/close per sample cost 5x the CPU at 100 Hz."""
+class CounterReader:
+    """Reads counters, keeping each file open and re-reading it with pread at offset 0
+    (sysfs returns a fresh value each time): open/read/close per sample cost 5x the CPU at
+    100 Hz. A counter that cannot be read is logged once until it recovers."""
 
     def __init__(self) -> None:
         self.fds: dict[Path, int] = {}
+        self.failing: set[str] = set()
+        self.failed = 0  # readings that failed, all counters together
 
     def read(self, c: Counter) -> int:
         fd = self.fds.get(c.path)
@@ -85,6 +88,21 @@ class _Reader:
         except (OSError, ValueError, IndexError):
             self.drop(c.path)  # reopen next time: the device may have been replaced
             raise
+
+    def read_or_none(self, c: Counter) -> int | None:
+        try:
+            value = self.read(c)
+        except (OSError, ValueError, IndexError) as exc:
+            self.failed += 1
+            if c.name not in self.failing:
+                LOG.warning("%s: cannot read %s (%s); skipping until it recovers",
+                            c.name, c.path, exc)
+                self.failing.add(c.name)
+            return None
+        if c.name in self.failing:
+            LOG.info("%s: readable again", c.name)
+            self.failing.discard(c.name)
+        return value
 
     def drop(self, path: Path) -> None:
         fd = self.fds.pop(path, None)
@@ -107,35 +125,30 @@ class Sampler:
             raise ValueError(f"rate_hz must be in (0, 10000], got {rate_hz}")
         self.counters, self.rate_hz, self.clock = counters, rate_hz, clock
         self._last: dict[str, tuple[float, int] | None] = {}
-        self._failing: set[str] = set()
         self.series: dict[str, RateSeries] = {}
-        self.failed_reads = 0
-        self._reader = _Reader()
+        self._resets = 0
+        self._reader = CounterReader()
+
+    @property
+    def failed_reads(self) -> int:
+        """Unreadable counters plus intervals skipped for a counter that went backwards."""
+        return self._reader.failed + self._resets
 
     def close(self) -> None:
         self._reader.close()
 
     def _sample_one(self, c: Counter, now: float) -> float:
-        try:
-            value = self._reader.read(c)
-        except (OSError, ValueError, IndexError) as exc:
-            self.failed_reads += 1
-            if c.name not in self._failing:
-                LOG.warning("%s: cannot read %s (%s); skipping until it recovers",
-                            c.name, c.path, exc)
-                self._failing.add(c.name)
+        value = self._reader.read_or_none(c)
+        if value is None:
             self._last[c.name] = None
             return math.nan
         prev = self._last.get(c.name)
         self._last[c.name] = (now, value)
-        if c.name in self._failing:
-            LOG.info("%s: readable again", c.name)
-            self._failing.discard(c.name)
         if prev is None:
             return math.nan
         dt, delta = now - prev[0], value - prev[1]
         if delta < 0 or dt <= 0:
-            self.failed_reads += 1
+            self._resets += 1
             LOG.warning("%s: counter went from %d to %d (reset?); interval skipped",
                         c.name, prev[1], value)
             return math.nan
