@@ -53,6 +53,8 @@ class PublishedPlan:
     # (cruxctl plan --live) and never persisted; a restored plan has none until the next.
     document: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     result: Plan | None = field(default=None, repr=False, compare=False)
+    # the fabric the plan was made on (its flows' hops name its nodes); not persisted
+    fabric: Topology | None = field(default=None, repr=False, compare=False)
     reprobe: dict[str, tuple[str, ...]] = field(default_factory=dict)  # host -> peers
     _per_host: dict[str, HostPlan] = field(default_factory=dict, repr=False, compare=False)
     _by_host: dict[str, list[JobAssignment]] = field(default_factory=dict, repr=False,
@@ -192,7 +194,8 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
         out.append(a)
     out.sort(key=lambda a: (a.state is not JobState.PROFILING, -a.level, a.rank, a.job_id))
     return PublishedPlan(generation, int(now * 1000), config.levels, tuple(out), causes,
-                         topology=topo.name, result=result, reprobe=inputs.reprobe)
+                         topology=topo.name, result=result, reprobe=inputs.reprobe,
+                         fabric=topo)
 
 
 def _ring_pairs(hosts: tuple[str, ...]) -> list[tuple[str, str]]:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cruxd.control.planning import LeaderPlanConfig, fabric_for, plan_inputs
-from cruxd.control.records import AgentReport
-from cruxd.hints.bandwidth import BandwidthLog, samples_from
+from cruxd.control.records import AgentReport, JobAssignment
+from cruxd.hints.bandwidth import LIVE_SOURCE, BandwidthLog, samples_from
 from cruxd.hints.collect import leader_view
 from cruxd.hints.render import FILE_NAMES, FORMATS, Rendered, render
 from cruxd.hints.view import FabricView
@@ -29,13 +29,18 @@ class LeaderHints:
         self.bandwidth = BandwidthLog()
         self._task: asyncio.Task[None] | None = None
         self._written: dict[str, str] = {}
+        self._assignments: tuple[int, dict[str, JobAssignment]] = (-1, {})
 
     def observe(self, report: AgentReport) -> None:
+        """Every report passes here: only reports with live-measured jobs cost anything,
+        and the plan's job index is built once per plan generation, not per report."""
         plan = self.leader.plan
-        if plan is None:
+        live = [j for j in report.jobs if j.measurement.source.startswith(LIVE_SOURCE)]
+        if plan is None or not live:
             return
-        assignments = {a.job_id: a for a in plan.jobs}
-        self.bandwidth.add(samples_from(report.host.host_id, report.jobs, assignments,
+        if self._assignments[0] != plan.generation:
+            self._assignments = (plan.generation, {a.job_id: a for a in plan.jobs})
+        self.bandwidth.add(samples_from(report.host.host_id, live, self._assignments[1],
                                         int(self.leader.clock() * 1000)))
 
     def view(self) -> FabricView | None:
@@ -46,9 +51,11 @@ class LeaderHints:
         lc = ld.config.leader
         now = ld.clock()
         inputs = plan_inputs(ld.state, now)
-        topo, _, _ = fabric_for(inputs, ld.topology,
-                                LeaderPlanConfig(lc.levels, lc.dscp, lc.star_nic_gbps))
         plan = ld.plan
+        topo = plan.fabric if plan is not None else None
+        if topo is None:  # no plan yet, or one restored from disk: build it as planning does
+            topo, _, _ = fabric_for(inputs, ld.topology,
+                                    LeaderPlanConfig(lc.levels, lc.dscp, lc.star_nic_gbps))
         return leader_view(
             topo, gpus={h: r.inventory.gpus for h, r in ld.state.live_agents().items()},
             jobs=inputs.jobs, assignments=plan.jobs if plan else (),
@@ -81,9 +88,10 @@ class LeaderHints:
         if out is None or view is None:
             return 0
         written = 0
+        samples = self.bandwidth.samples()
         for fmt in FORMATS:
             try:
-                text = render(fmt, view, self.bandwidth.samples()).text
+                text = render(fmt, view, samples).text
             except Exception:  # one broken format must not stop the others
                 LOG.exception("hints: cannot render %s", fmt)
                 continue
