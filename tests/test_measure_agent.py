@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemons import BIN, Daemon, status, wait_for
+from tests.daemons import BIN, Daemon, cruxctl, status, wait_for
 from tests.rig.fabric import Fabric, can_build
 
 pytestmark = [pytest.mark.root, pytest.mark.slow,
@@ -98,6 +98,14 @@ def test_agents_measure_job_in_profiling_window_and_leader_plans_with_it(
             local = status(daemons[1].socket)["agent"]
             assert local["measurement_source"] == "live (nvml+nic)"
             assert "profiling done: j" in daemons[0].log_text()
+            # the bursts' measured rate is the job's path bandwidth in the hints: paced at
+            # 40 Mbit/s of payload, plus the headers the NIC counter sees
+            run = cruxctl("hints", "--format", "bandwidth", socket_path=daemons[0].socket)
+            assert run.returncode == 0, run.stderr
+            paths = json.loads(run.stdout)["paths"]
+            assert {(p["src"], p["dst"]) for p in paths} == {("h0", "h1"), ("h1", "h0")}
+            profiled = [s["gbps"] for p in paths for s in p["samples"] if s["profiled"]]
+            assert profiled and all(0.038 <= g <= 0.046 for g in profiled), profiled
         finally:
             for p in jobs:
                 p.kill()

@@ -4,10 +4,13 @@
 
 Iteration i starts at t0 + i*PERIOD_S on an absolute schedule (no drift); its burst sends
 1400-byte datagrams to DST:4791 paced at MBIT for BURST_S, then it is quiet until the next.
+It holds UDP port 4791 itself (never reading it), so a peer running the same job does not
+make this host send ICMP errors that would count as its traffic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import time
@@ -18,7 +21,12 @@ SIZE = 1400
 def main(dst: str, period_s: float, burst_s: float, mbit: float, iterations: int) -> None:
     gap = SIZE * 8 / (mbit * 1e6)
     payload = bytes(SIZE)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink:
+        # hold the port the peer's bursts arrive on, or every datagram of theirs draws an
+        # ICMP port unreachable from this host; held already (an agent's responder): no ICMP
+        with contextlib.suppress(OSError):
+            sink.bind(("0.0.0.0", 4791))
         t0 = time.monotonic() + 0.05
         for i in range(iterations):
             start = t0 + i * period_s
