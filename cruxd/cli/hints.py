@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _scenario_text(args: argparse.Namespace) -> str:
     from cruxd.cli.cruxctl import _resolve
-    from cruxd.hints.collect import level_loads
+    from cruxd.hints.collect import level_loads, used_gpus
     from cruxd.hints.render import render
     from cruxd.hints.view import JobHint, build_view
     from cruxd.scenario import load_scenario
@@ -55,15 +55,12 @@ def _scenario_text(args: argparse.Namespace) -> str:
         result = plan(sc.view, sc.config)
     except ValueError as exc:
         raise ScenarioError(f"cannot plan: {exc}", where=str(path)) from None
-    used: dict[str, int] = {}
-    for j in sc.view.jobs:
-        for host, n in j.hosts:
-            used[host] = used.get(host, 0) + n
     decided = {d.job: d for d in result.jobs}
     jobs = tuple(JobHint(j.id, tuple(h for h, _ in j.hosts), sum(n for _, n in j.hosts),
                          decided[j.id].intensity if j.id in decided else 0.0,
                          decided[j.id].level if j.id in decided else 0) for j in sc.view.jobs)
-    view = build_view(sc.view.topology, used=used, load=level_loads(result, result.levels),
+    view = build_view(sc.view.topology, used=used_gpus(j.hosts for j in sc.view.jobs),
+                      load=level_loads(result, result.levels),
                       jobs=jobs, levels=result.levels, generated_unix_ms=int(time.time() * 1000))
     return render(args.format, view).text
 

@@ -9,7 +9,7 @@ topology agree whether the fabric was configured or discovered from probes.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from cruxd.control.cluster import MergedJob
 from cruxd.control.records import JobAssignment
@@ -35,17 +35,23 @@ def level_loads(plan: Plan | None, levels: int) -> dict[tuple[str, str], tuple[f
     return {k: tuple(v) for k, v in out.items()}
 
 
+def used_gpus(placements: Iterable[tuple[tuple[str, int], ...]]) -> dict[str, int]:
+    """GPUs in use per host, from each job's (host, GPUs) pairs."""
+    used: dict[str, int] = {}
+    for hosts in placements:
+        for host, n in hosts:
+            used[host] = used.get(host, 0) + n
+    return used
+
+
 def leader_view(topo: Topology, *, gpus: Mapping[str, int], jobs: Sequence[MergedJob],
                 assignments: Sequence[JobAssignment], plan: Plan | None, levels: int,
                 measured: Mapping[tuple[str, str], float] | None = None,
                 now_ms: int = 0) -> FabricView:
     """`gpus`: each live agent's GPU count (its inventory); hosts no agent reports keep the
     topology's count. `jobs` give the GPUs in use per host."""
-    used: dict[str, int] = {}
-    for j in jobs:
-        for host, n in j.hosts:
-            used[host] = used.get(host, 0) + n
     hints = tuple(JobHint(a.job_id, a.hosts, a.gpus, a.intensity, a.level) for a in assignments)
     return build_view(topo, gpus={h: n for h, n in gpus.items() if h in topo.nodes},
-                      used=used, load=level_loads(plan, levels), measured=measured,
+                      used=used_gpus(j.hosts for j in jobs), load=level_loads(plan, levels),
+                      measured=measured,
                       jobs=hints, levels=levels, generated_unix_ms=now_ms)
