@@ -100,8 +100,8 @@ def test_agents_probe_leader_discovers_fabric_and_ports_separate_jobs(tmp_path: 
 
         # with leaf 0's uplinks limited, the plan's ports carry twice what the ports of
         # an ECMP collision (small's flow hashed onto big's spine) do
-        # 10 packets per candidate port: one packet could be matched by a stray one (an IPv6
-        # router solicitation or MLD report) crossing the other spine at the same moment
+        # (spine_tx_delta counts only the candidate's own packets, so the agents' probes
+        # and IPv6 chatter crossing the other spine cannot fake or spoil a collision)
         big = spine[("big", "h0")]
         collide = next(p for p in range(0xC000, 0xC100)
                        if (d := f.spine_tx_delta("h1", "h3", [p], count=10))[big] >= 10

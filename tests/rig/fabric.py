@@ -258,11 +258,35 @@ class Fabric:
         return [c[self.uplink(leaf, s)]["tx_packets"] for s in range(self.spines)]
 
     def spine_tx_delta(self, src: str, dst: str, sports: list[int], count: int = 1) -> list[int]:
-        """Send from `sports` and return how many packets `src`'s leaf sent to each spine."""
+        """Send from `sports` and return how many of those packets `src`'s leaf sent to
+        each spine. With nft, a forward-chain counter per uplink matches only this flow's
+        5-tuples, so other traffic on the fabric (agents probing, IPv6 chatter) cannot
+        blur the result; without nft, the uplinks' interface counters are used."""
         leaf = self.leaf_of(src)
-        before = self.spine_tx(leaf)
-        self.send_udp(src, dst, sports, count=count)
-        return [a - b for a, b in zip(self.spine_tx(leaf), before, strict=True)]
+        if shutil.which("nft") is None:
+            before = self.spine_tx(leaf)
+            self.send_udp(src, dst, sports, count=count)
+            return [a - b for a, b in zip(self.spine_tx(leaf), before, strict=True)]
+        ns = self.ns(f"l{leaf}")
+        match = (f"ip saddr {self.address(src)} ip daddr {self.address(dst)} "
+                 f"udp sport {{ {', '.join(map(str, sports))} }} udp dport 4791")
+        rules = "\n".join(f'        oifname "{self.uplink(leaf, s)}" {match} counter'
+                           for s in range(self.spines))
+        _run("ip", "netns", "exec", ns, "nft", "-f", "-", stdin=(
+            "table ip crux_count {\n    chain count {\n"
+            "        type filter hook forward priority 0; policy accept;\n"
+            f"{rules}\n    }}\n}}\n"))
+        try:
+            self.send_udp(src, dst, sports, count=count)
+            listing = json.loads(_run("ip", "netns", "exec", ns, "nft", "-j", "list",
+                                      "table", "ip", "crux_count"))
+        finally:
+            _run("ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "crux_count")
+        counts = [next(e["counter"]["packets"] for e in item["rule"]["expr"] if "counter" in e)
+                  for item in listing["nftables"] if "rule" in item]
+        if len(counts) != self.spines:
+            raise RigError(f"nft counters on {ns}: {len(counts)} rules, {self.spines} spines")
+        return counts
 
     def send_udp(self, src: str, dst: str, sports: list[int], dport: int = 4791,
                  count: int = 1, payload: int = 64) -> None:
