@@ -13,8 +13,10 @@ Protocol
   (c) The NIC sampler (cruxd/measure/nic.py) on this host's real /sys: every netdev tx
       counter (loopback included, so there is at least one), --sampler-s seconds at 100 Hz
       (the default rate); CPU time / wall time = share of one core. Also the agent's own
-      sampling thread (cruxd/agent/measuring.py, same counters, Event.wait between ticks),
-      and the floor: a thread that only wakes 100 times a second and reads nothing.
+      sampling thread (cruxd/agent/measuring.py, same counters) with the C loop
+      (shim/crux_sampler.c, one Python wakeup per 1-s batch; "c" in the table) and with
+      the Python loop (Event.wait between ticks), and the floor of any Python loop: a
+      thread that only wakes 100 times a second and reads nothing.
 
     .venv/bin/python bench/measure.py [--seeds N] [--reps R] [--sampler-s S]
 """
@@ -116,17 +118,19 @@ def agent_rows(seconds: float) -> list[list[object]]:
     from cruxd.daemon.config_model import MeasureConfig
 
     names = tuple(sorted(p.name for p in Path("/sys/class/net").iterdir()))
-    cfg = MeasureConfig(rate_hz=100.0, window_s=30.0, gpu="none", gpu_file=None,
-                        gpu_interval_s=1.0, interfaces=names, rdma=True, peak_tflops=0.0,
-                        settle_s=1.0, sysfs=None)
-    live = LiveMeasurement(cfg, (), lambda job: [], lambda: [], lambda: 0)
-    w0, c0 = time.monotonic(), time.process_time()
-    live.start()
-    time.sleep(seconds)
-    live.stop()
-    wall, cpu = time.monotonic() - w0, time.process_time() - c0
-    rows: list[list[object]] = [["agent thread, 100 Hz", len(live.counters), f"{seconds:.0f}",
-                                 f"{cpu / wall * 100:.2f}", live.failed_cycles]]
+    rows: list[list[object]] = []
+    for sampler in ("auto", "python"):
+        cfg = MeasureConfig(rate_hz=100.0, sampler=sampler, window_s=30.0, gpu="none",
+                            gpu_file=None, gpu_interval_s=1.0, interfaces=names, rdma=True,
+                            peak_tflops=0.0, settle_s=1.0, sysfs=None)
+        live = LiveMeasurement(cfg, (), lambda job: [], lambda: [], lambda: 0)
+        w0, c0 = time.monotonic(), time.process_time()
+        live.start()
+        time.sleep(seconds)
+        live.stop()
+        wall, cpu = time.monotonic() - w0, time.process_time() - c0
+        rows.append([f"agent thread ({live.sampler}), 100 Hz", len(live.counters),
+                     f"{seconds:.0f}", f"{cpu / wall * 100:.2f}", live.failed_cycles])
     stop = threading.Event()
 
     def idle() -> None:

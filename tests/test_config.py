@@ -275,6 +275,8 @@ def test_relative_paths_are_beside_the_file(tmp_path: Path,
     ('[agent]\nsocket = "~bob/s"',
      'agent.socket: only ~/ (this user\'s home) is expanded, got "~bob/s"'),
     ('[agent]\n"a\\nb" = 1', 'agent."a\\nb": unknown key'),
+    ('[measurement]\nsampler = "c"',
+     'measurement.sampler: must be "auto" or "python", got "c"'),
 ])
 def test_error_names_file_and_key(text: str, expected: str) -> None:
     assert error(text) == f"{SRC}: {expected}"

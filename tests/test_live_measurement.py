@@ -14,6 +14,7 @@ import pytest
 from cruxd.agent.measuring import LiveMeasurement, belongs
 from cruxd.control.records import HostPlan, JobAssignment, JobState, LocalJob, Measurement
 from cruxd.daemon.config_model import MeasureConfig
+from cruxd.measure.csampler import SamplerUnavailable, load_library
 from cruxd.measure.estimate import estimate_job
 from cruxd.measure.gpu import GpuInfo, GpuSample
 from cruxd.measure.window import CounterWindow
@@ -80,7 +81,8 @@ def test_belongs_follows_parents(tmp_path: Path) -> None:
 
 
 def config(sysfs: Path, **kw: object) -> MeasureConfig:
-    base: dict[str, object] = dict(rate_hz=100.0, window_s=10.0, gpu="none", gpu_file=None,
+    base: dict[str, object] = dict(rate_hz=100.0, sampler="auto", window_s=10.0, gpu="none",
+                                   gpu_file=None,
                                    gpu_interval_s=1.0, interfaces=("eth0",), rdma=True,
                                    peak_tflops=0.0, settle_s=0.0, sysfs=sysfs)
     base.update(kw)
@@ -160,8 +162,10 @@ def test_profiled_figures_are_kept_and_drift_asks_again(tmp_path: Path) -> None:
     assert not m.wants_profile("a")
 
 
-def test_threads_sample_the_fixture_and_stop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sampler", ["auto", "python"])
+def test_threads_sample_the_fixture_and_stop(tmp_path: Path, sampler: str) -> None:
     m = live(tmp_path, [])
+    m.cfg = config(m.cfg.sysfs or tmp_path, sampler=sampler)
     m.start()
     try:
         deadline = time.monotonic() + 5
@@ -173,3 +177,12 @@ def test_threads_sample_the_fixture_and_stop(tmp_path: Path) -> None:
     finally:
         m.stop()
     assert not any(t.is_alive() for t in m._threads)
+    assert m.sampler == ("c" if sampler == "auto" and c_sampler_here() else "python")
+
+
+def c_sampler_here() -> bool:
+    try:
+        load_library()
+    except SamplerUnavailable:
+        return False
+    return True

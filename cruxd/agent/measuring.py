@@ -34,6 +34,7 @@ from pathlib import Path
 from cruxd.agent.inventory import netdevs_for
 from cruxd.control.records import HostPlan, JobState, LocalJob, Measurement, Nic
 from cruxd.daemon.config_model import MeasureConfig
+from cruxd.measure.csampler import BatchSampler, SamplerUnavailable
 from cruxd.measure.estimate import JobEstimate, estimate_job
 from cruxd.measure.gpu import GpuBackend, GpuInfo, GpuSample, NvmlUnavailable, open_backend
 from cruxd.measure.nic import Counter, CounterReader, net_counters, rdma_counters
@@ -101,6 +102,8 @@ class LiveMeasurement:
         self._reader = CounterReader()
         self._gpu_failures = 0
         self._stop = threading.Event()
+        self._batch: BatchSampler | None = None
+        self.sampler = ""  # "c" or "python" once the NIC thread runs
         self._threads: list[threading.Thread] = []
         self.name = f"live ({SOURCE})"
 
@@ -130,6 +133,8 @@ class LiveMeasurement:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._batch is not None:
+            self._batch.stop()
         for t in self._threads:
             t.join(timeout=2)
 
@@ -143,6 +148,20 @@ class LiveMeasurement:
             return None
 
     def _nic_loop(self) -> None:
+        if self.cfg.sampler == "auto":
+            try:
+                self._batch = BatchSampler(self.counters, self.cfg.rate_hz, self._reader)
+            except SamplerUnavailable as exc:
+                LOG.warning("C sampler unavailable (%s); sampling in Python, which costs "
+                            "more CPU at %g Hz", exc, self.cfg.rate_hz)
+            else:
+                self.sampler = "c"
+                try:
+                    self._batch.run(self.window, self._stop)
+                finally:
+                    self._reader.close()
+                return
+        self.sampler = "python"
         reader, period = self._reader, 1.0 / self.cfg.rate_hz
         next_t = time.monotonic()
         while not self._stop.is_set():

@@ -26,6 +26,7 @@ def parse_measurement(m: Section, live: bool) -> MeasureConfig:
                       "fewer than 16 samples; the period cannot be estimated")
     return MeasureConfig(
         rate_hz=rate_hz,
+        sampler=m.choice("sampler", "auto", ("auto", "python")),
         window_s=window_s,
         gpu=gpu,
         gpu_file=gpu_file,

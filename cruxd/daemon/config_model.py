@@ -66,6 +66,7 @@ class MeasureConfig:
     """NIC counters and GPUs sampled per job (agent.measurement = "live")."""
 
     rate_hz: float  # NIC counter samples per second
+    sampler: str  # "auto" (the C loop where it can be loaded) | "python"
     window_s: float  # seconds of traffic one estimate looks at
     gpu: str  # "nvml" | "replay" | "none"
     gpu_file: Path | None  # the recording, with gpu = "replay"

@@ -79,30 +79,39 @@ class CounterReader:
         self.failing: set[str] = set()
         self.failed = 0  # readings that failed, all counters together
 
-    def read(self, c: Counter) -> int:
+    def fd(self, c: Counter) -> int:
+        """The counter's open descriptor (opened on first use; raises OSError)."""
         fd = self.fds.get(c.path)
         if fd is None:
             fd = self.fds[c.path] = os.open(c.path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return int(os.pread(fd, 64, 0).split()[0]) * c.scale
-        except (OSError, ValueError, IndexError):
-            self.drop(c.path)  # reopen next time: the device may have been replaced
-            raise
+        return fd
+
+    def read(self, c: Counter) -> int:
+        return int(os.pread(self.fd(c), 64, 0).split()[0]) * c.scale
 
     def read_or_none(self, c: Counter) -> int | None:
         try:
             value = self.read(c)
         except (OSError, ValueError, IndexError) as exc:
-            self.failed += 1
-            if c.name not in self.failing:
-                LOG.warning("%s: cannot read %s (%s); skipping until it recovers",
-                            c.name, c.path, exc)
-                self.failing.add(c.name)
+            self.failure(c, exc)
             return None
+        self.success(c)
+        return value
+
+    def failure(self, c: Counter, exc: Exception, count: int = 1) -> None:
+        """Count `count` failed readings, log the first of a run, and reopen the file next
+        time (the device may have been replaced)."""
+        self.failed += count
+        self.drop(c.path)
+        if c.name not in self.failing:
+            LOG.warning("%s: cannot read %s (%s); skipping until it recovers", c.name, c.path,
+                        exc)
+            self.failing.add(c.name)
+
+    def success(self, c: Counter) -> None:
         if c.name in self.failing:
             LOG.info("%s: readable again", c.name)
             self.failing.discard(c.name)
-        return value
 
     def drop(self, path: Path) -> None:
         fd = self.fds.pop(path, None)

@@ -36,6 +36,15 @@ class CounterWindow:
         with self._lock:
             self._readings.append((t, row))
 
+    def extend(self, ts: Sequence[float], rows: npt.NDArray[np.float64]) -> None:
+        """Many readings at once (a batch from the C sampler): rows[i] was read at ts[i],
+        NaN where a counter failed."""
+        if rows.ndim != 2 or rows.shape != (len(ts), len(self.names)):
+            raise ValueError(f"expected {len(ts)} x {len(self.names)} values, got {rows.shape}")
+        batch = [(float(t), tuple(r)) for t, r in zip(ts, rows.tolist(), strict=True)]
+        with self._lock:
+            self._readings.extend(batch)
+
     def __len__(self) -> int:
         return len(self._readings)
 
