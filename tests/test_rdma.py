@@ -224,3 +224,17 @@ def test_writer_killed_mid_run(progs: dict[str, Path], tmp_path: Path) -> None:
     for p in pairs:  # a decision from the table, or the program's own settings
         assert (p["a"]["flow_label"], p["a"]["traffic_class"]) in {
             (0xD000 & 0x3FFF, 104), (0xD001 & 0x3FFF, 104), (0, OWN_TC)}
+
+
+def test_rxe_ports_as_the_agent_sees_them(rig: None) -> None:
+    """What the agent's link reports read on a real (soft-)RoCE port: rxe states its rate,
+    has no ECN/CNP hw_counters and no IB PortCounters (counters/port_xmit_data), so its
+    RoCE bytes are counted on the netdev under it."""
+    from cruxd.measure.links import congestion_counters, port_speed_bps
+    from cruxd.measure.nic import rdma_counters
+
+    root = Path("/sys")
+    assert port_speed_bps(root, "rdma:rxe0/1") == 10e9  # "10 Gb/sec (1X FDR10)"
+    assert port_speed_bps(root, "net:veth0") == 10e9
+    assert congestion_counters(root, "rdma:rxe0/1") == []
+    assert [c for c in rdma_counters(root) if c.name.startswith("rdma:rxe")] == []

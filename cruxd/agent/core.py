@@ -129,8 +129,10 @@ class Agent:
                              self.measurement.name, self.probing.name)
 
     def report(self) -> AgentReport:
+        links = self.measurement.links() if isinstance(self.measurement, LiveMeasurement) \
+            else ()
         return AgentReport(self.inventory(), tuple(self.local_jobs()), self.probing.paths(),
-                           (), self.table.header().plan_generation)
+                           links, self.table.header().plan_generation)
 
     def apply_plan(self, hp: HostPlan) -> None:
         check_host_plan(hp, self.host_id)

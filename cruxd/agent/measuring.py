@@ -28,15 +28,23 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cruxd.agent.inventory import netdevs_for
-from cruxd.control.records import HostPlan, JobState, LocalJob, Measurement, Nic
+from cruxd.control.records import (
+    HostPlan,
+    JobState,
+    LinkObservation,
+    LocalJob,
+    Measurement,
+    Nic,
+)
 from cruxd.daemon.config_model import MeasureConfig
 from cruxd.measure.csampler import BatchSampler, SamplerUnavailable
 from cruxd.measure.estimate import JobEstimate, estimate_job
 from cruxd.measure.gpu import GpuBackend, GpuInfo, GpuSample, NvmlUnavailable, open_backend
+from cruxd.measure.links import PortLinks
 from cruxd.measure.nic import Counter, CounterReader, net_counters, rdma_counters
 from cruxd.measure.window import CounterWindow
 from transport.qp_records import ProcessRecords
@@ -99,6 +107,9 @@ class LiveMeasurement:
         self.gpu_samples: deque[GpuSample] = deque(
             maxlen=max(2, math.ceil(2 * cfg.window_s / cfg.gpu_interval_s)))
         self.tracks: dict[str, _JobTrack] = {}
+        self.ports = PortLinks(root, [c.name for c in self.counters])
+        self._links_at = time.monotonic()  # the last reading links() has looked at
+        self._last_links: dict[str, float] = {}  # utilisation by port, as last reported
         self._reader = CounterReader()
         self._gpu_failures = 0
         self._stop = threading.Event()
@@ -135,6 +146,7 @@ class LiveMeasurement:
         self._stop.set()
         if self._batch is not None:
             self._batch.stop()
+        self.ports.close()
         for t in self._threads:
             t.join(timeout=2)
 
@@ -276,6 +288,24 @@ class LiveMeasurement:
         return Measurement(flops_per_iter=w, comm_s=best.comm_s, period_s=best.period_s,
                            compute_s=best.compute_s, allreduce_bytes=best.bytes_per_iter,
                            source=SOURCE if track.profiled else SOURCE + " (unprofiled)")
+
+    def links(self) -> tuple[LinkObservation, ...]:
+        """Each sampled port over the readings that arrived since the last call (about a
+        report interval). The C sampler delivers a second of readings at a time, so a
+        report may find none new: the ports' utilisation is then the previous one."""
+        span = self.window.span()
+        since = self._links_at
+        if span is not None and span[1] > since:
+            self._links_at = span[1]
+        out = []
+        for c in self.counters:
+            _, rates = self.window.rates([c.name], since)
+            obs = self.ports.observe(c.name, rates)
+            if rates.size == 0 and c.name in self._last_links:
+                obs = replace(obs, utilization=self._last_links[c.name])
+            self._last_links[c.name] = obs.utilization
+            out.append(obs)
+        return tuple(out)
 
     def wants_profile(self, job_id: str) -> bool:
         track = self.tracks.get(job_id)

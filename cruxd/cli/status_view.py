@@ -79,6 +79,8 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
     probed = [(a.host_id, a.peers) for a in cluster.agents if a.peers]
     if probed:
         console.print(_peers(probed, now))
+    if any(a.links for a in cluster.agents):
+        console.print(_links(cluster.agents))
     jobs = Table(title="jobs", title_justify="left")
     for col in ("job", "state", "hosts", "GPUs", "W_j FLOP", "t_j s", "period s", "I_j",
                 "k_j", "rank", "level", "DSCP", "paths", "QPs applied"):
@@ -104,6 +106,18 @@ def _peers(agents: list[tuple[str, Any]], now: float) -> Table:
             err = f"{p.errors}" + (f" ({p.last_error})" if p.last_error else "")
             t.add_row(host, p.peer_host, p.address or "-", str(p.paths), age,
                       str(p.probes_sent), err)
+    return t
+
+
+def _links(agents: list[Any]) -> Table:
+    """Each agent's NIC ports over its last report interval (live measurement)."""
+    t = Table(title="NIC ports (last report interval)", title_justify="left")
+    for col in ("host", "port", "tx utilisation", "congestion events"):
+        t.add_column(col)
+    for a in agents:
+        for lk in a.links:
+            t.add_row(a.host_id, lk.link, f"{lk.utilization * 100:.1f} %",
+                      str(lk.congestion_events))
     return t
 
 

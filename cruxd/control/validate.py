@@ -157,6 +157,7 @@ def check_report(r: AgentReport) -> AgentReport:
     for i, link in enumerate(r.links):
         _text(link.link, f"links[{i}].link")
         _number(link.utilization, f"links[{i}].utilization", 1.0)
+        _number(link.congestion_events, f"links[{i}].congestion_events", MAX_COUNTER)
     return r
 
 

@@ -26,7 +26,8 @@ def cluster_status(leader: Leader, hostname: str) -> cpb.ClusterStatus:
             addresses=inv.addresses, gpus=inv.gpus, measurement_source=inv.measurement_source,
             probing_source=inv.probing_source, applied_generation=rec.applied_generation,
             expired=rec.expired,
-            peers=[convert.peer_paths_to_pb(t) for _, t in sorted(rec.paths.items())]))
+            peers=[convert.peer_paths_to_pb(t) for _, t in sorted(rec.paths.items())],
+            links=[convert.link_to_pb(lk) for lk in rec.links]))
     plan = leader.plan
     planned = {a.job_id: a for a in plan.jobs} if plan else {}
     applied: dict[str, tuple[int, int]] = {}  # job -> (qps applied, total) summed over hosts

@@ -63,9 +63,13 @@ def report_to_pb(r: AgentReport) -> lpb.AgentReport:
             measurement_source=h.measurement_source, probing_source=h.probing_source),
         jobs=[local_job_to_pb(j) for j in r.jobs],
         paths=[path_table_to_pb(t) for t in r.paths],
-        links=[lpb.LinkObservation(link=lk.link, utilization=lk.utilization,
-                                   congestion_events=lk.congestion_events) for lk in r.links],
+        links=[link_to_pb(lk) for lk in r.links],
         applied_generation=r.applied_generation, seq=r.seq)
+
+
+def link_to_pb(lk: LinkObservation) -> cpb.LinkObservation:
+    return cpb.LinkObservation(link=lk.link, utilization=lk.utilization,
+                               congestion_events=lk.congestion_events)
 
 
 def report_from_pb(p: lpb.AgentReport) -> AgentReport:

@@ -106,6 +106,8 @@ def run_in_vm(script: str, *, repo: Path, timeout_s: float = 600) -> VmResult:
         cmd = [
             QEMU,
             "-accel", "tcg",
+            # qemu64 lacks SSE4.2/POPCNT, which numpy's x86-64 baseline needs (SIGILL)
+            "-cpu", "max",
             "-m", "2048",
             "-smp", "2",
             "-nographic",
