@@ -124,6 +124,9 @@ def test_agents_measure_job_in_profiling_window_and_leader_plans_with_it(
                   f"max {max(utils):.5f}")
             assert all(u <= 0.0045 for u in utils), utils
             assert 0.0010 <= float(np.median(utils)) <= 0.0015, utils
+            text = cruxctl("status", socket_path=daemons[0].socket)
+            assert text.returncode == 0, text.stderr
+            assert "NIC ports" in text.stdout and "net:eth0" in text.stdout, text.stdout
         finally:
             for p in jobs:
                 p.kill()
