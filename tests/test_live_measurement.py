@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cruxd.agent.measuring import LiveMeasurement, belongs
 from cruxd.control.records import HostPlan, JobAssignment, JobState, LocalJob, Measurement
@@ -40,6 +42,21 @@ def test_window_rates_sum_counters_and_mark_failures() -> None:
     assert math.isnan(r[2]) and math.isnan(r[3]) and math.isnan(r[4])  # a failed at i=3
     start, r = w.rates(["a"], since=0.35)
     assert start == pytest.approx(0.4) and r.size == 1 and r[0] == pytest.approx(1000.0)
+
+
+@given(st.lists(st.tuples(st.floats(0.001, 1.0), st.none() | st.integers(0, 10**6),
+                          st.none() | st.integers(0, 10**6)), min_size=0, max_size=40),
+       st.floats(-1.0, 30.0))
+def test_window_each_counter_alone_matches_rates(
+        steps: list[tuple[float, int | None, int | None]], since: float) -> None:
+    w = CounterWindow(["a", "b"], rate_hz=10, keep_s=100)
+    t = 0.0
+    for dt, a, b in steps:
+        t += dt
+        w.add(t, [a, b])
+    each = w.rates_each(since)
+    for name in ("a", "b"):
+        np.testing.assert_array_equal(each[name], w.rates([name], since)[1])
 
 
 def test_window_is_bounded_and_checks_its_input() -> None:

@@ -298,8 +298,9 @@ class LiveMeasurement:
         if span is not None and span[1] > since:
             self._links_at = span[1]
         out = []
+        each = self.window.rates_each(since)
         for c in self.counters:
-            _, rates = self.window.rates([c.name], since)
+            rates = each[c.name]
             obs = self.ports.observe(c.name, rates)
             if rates.size == 0 and c.name in self._last_links:
                 obs = replace(obs, utilization=self._last_links[c.name])

@@ -8,6 +8,7 @@ a job is only known when the agent measures it (the shim's QP records name the p
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections import deque
@@ -54,22 +55,49 @@ class CounterWindow:
                 return None
             return self._readings[0][0], self._readings[-1][0]
 
+    def _since(self, since: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """(times, readings of every counter) of the readings at or after `since`, found
+        from the newest end: a report's last second costs that second, not the window."""
+        with self._lock:
+            if since == -math.inf:
+                rows = list(self._readings)
+            else:
+                rows = list(itertools.takewhile(lambda r: r[0] >= since,
+                                                reversed(self._readings)))
+                rows.reverse()
+        t = np.fromiter((r[0] for r in rows), float, len(rows))
+        v = np.array([r[1] for r in rows], dtype=float).reshape(len(rows), len(self.names))
+        return t, v
+
     def rates(self, names: Sequence[str], since: float = -math.inf
               ) -> tuple[float, npt.NDArray[np.float64]]:
         """(start time, bytes/s per interval summed over `names`) for the intervals that
         start at or after `since`. NaN marks an interval where any of the counters failed
         or went backwards (a reset): a partial sum would look like a quiet phase."""
         cols = [self._index[n] for n in names]
-        with self._lock:
-            rows = list(self._readings)
-        if len(rows) < 2 or not cols:
+        t, v = self._since(since)
+        if len(t) < 2 or not cols:
             return math.nan, np.zeros(0)
-        t = np.fromiter((r[0] for r in rows), float, len(rows))
-        v = np.array([[r[1][c] for c in cols] for r in rows], dtype=float)
+        per = np.sum(self._deltas(v[:, cols]), axis=1)  # NaN if any counter's delta is NaN
+        return float(t[0]), self._per_second(per, t)
+
+    def rates_each(self, since: float = -math.inf) -> dict[str, npt.NDArray[np.float64]]:
+        """Bytes/s per interval of every counter on its own, for intervals starting at or
+        after `since` (NaN where that counter failed or went backwards)."""
+        t, v = self._since(since)
+        if len(t) < 2:
+            return {n: np.zeros(0) for n in self.names}
+        rates = self._per_second(self._deltas(v), t[:, None])
+        return {n: rates[:, i] for i, n in enumerate(self.names)}
+
+    @staticmethod
+    def _deltas(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         delta = np.diff(v, axis=0)
         delta[delta < 0] = np.nan
-        per = np.sum(delta, axis=1)  # NaN if any counter's delta is NaN
-        dt = np.diff(t)
-        out = np.where(dt > 0, per / np.where(dt > 0, dt, 1.0), np.nan)
-        first = int(np.searchsorted(t[:-1], since, side="left"))
-        return (float(t[first]) if first < len(t) - 1 else math.nan), out[first:]
+        return delta
+
+    @staticmethod
+    def _per_second(per: npt.NDArray[np.float64], t: npt.NDArray[np.float64]
+                    ) -> npt.NDArray[np.float64]:
+        dt = np.diff(t, axis=0)
+        return np.where(dt > 0, per / np.where(dt > 0, dt, 1.0), np.nan)
