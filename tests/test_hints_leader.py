@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -107,6 +108,14 @@ def test_leader_serves_hints_and_exports_them(tmp_path: Path) -> None:
     try:
         d.start()
         d.wait_log("agent h0")
+
+        def placed() -> Any:
+            run = cruxctl("place", "--dp", "1", "--tp", "8", "--pp", "1", "--json",
+                          socket_path=d.socket)
+            return json.loads(run.stdout) if run.returncode == 0 else None
+        # `cruxctl place` on the live leader's hints: the idle host takes a whole-node job
+        answer = wait_for("a placement on the idle host", placed, timeout=30)
+        assert [n["host"] for n in answer["nodes"]] == ["h0"]
         job = crux_run(d.socket, "j", "--gpus", "3")
         wait_for("an export naming the job's GPUs", lambda: (hints_dir / "node-labels.json")
                  .exists() and "3" in (hints_dir / "arnold.json").read_text(), timeout=30)
@@ -120,6 +129,9 @@ def test_leader_serves_hints_and_exports_them(tmp_path: Path) -> None:
         assert (host["gpus"], host["gpus_free"]) == (8, 5)
         bad = cruxctl("hints", "--format", "nope", socket_path=d.socket)
         assert bad.returncode == 2 and "invalid choice" in bad.stderr
+        # with 3 of its GPUs in use, h0 no longer holds a whole 8-GPU node
+        full = cruxctl("place", "--dp", "1", "--tp", "8", "--pp", "1", socket_path=d.socket)
+        assert full.returncode == 2 and "the fabric has 0" in full.stderr, full.stderr
     finally:
         if job is not None:
             job.kill()

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cruxd import __version__
-from cruxd.cli import hints, live, measure, probe
+from cruxd.cli import hints, live, measure, place, probe
 from cruxd.errors import CruxError, ScenarioError, UsageError
 from cruxd.scenario import bundled, bundled_names, load_scenario
 
@@ -94,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_parser(sub)
     measure.add_parser(sub)
     hints.add_parser(sub)
+    place.add_parser(sub)
     return p
 
 
@@ -191,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"plan": cmd_plan, "simulate": cmd_simulate, "status": live.cmd_status,
                 "jobs": live.cmd_jobs, "probe": probe.cmd_probe,
-                "measure": measure.cmd_measure, "hints": hints.cmd_hints}[args.command](args)
+                "measure": measure.cmd_measure, "hints": hints.cmd_hints,
+                "place": place.cmd_place}[args.command](args)
     except CruxError as exc:
         print(f"cruxctl: error: {exc}", file=sys.stderr)
         return exc.exit_status

@@ -33,15 +33,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--format", required=True, choices=FORMATS, metavar="FORMAT",
                    help=f"one of: {', '.join(FORMATS)}")
     p.add_argument("--out", type=Path, metavar="FILE", help="write here instead of stdout")
-    p.add_argument("--scenario", metavar="SCENARIO",
-                   help="what-if: a scenario file or bundled name instead of the live leader")
-    p.add_argument("--socket", metavar="PATH", help="the agent's socket")
-    p.add_argument("--config", metavar="FILE", type=Path,
-                   help="socket path and TLS files from this cruxd configuration")
-    p.add_argument("--leader", metavar="HOST:PORT", help="ask this leader directly")
+    add_source_args(p)
 
 
-def _scenario_text(args: argparse.Namespace) -> str:
+def _scenario_text(scenario: str, fmt: str) -> str:
     from cruxd.cli.cruxctl import _resolve
     from cruxd.hints.collect import level_loads, used_gpus
     from cruxd.hints.render import render
@@ -49,7 +44,7 @@ def _scenario_text(args: argparse.Namespace) -> str:
     from cruxd.scenario import load_scenario
     from cruxd.scheduler import plan
 
-    path = _resolve(args.scenario)
+    path = _resolve(scenario)
     sc = load_scenario(path)
     try:
         result = plan(sc.view, sc.config)
@@ -62,21 +57,35 @@ def _scenario_text(args: argparse.Namespace) -> str:
     view = build_view(sc.view.topology, used=used_gpus(j.hosts for j in sc.view.jobs),
                       load=level_loads(result, result.levels),
                       jobs=jobs, levels=result.levels, generated_unix_ms=int(time.time() * 1000))
-    return render(args.format, view).text
+    return render(fmt, view).text
 
 
-def cmd_hints(args: argparse.Namespace) -> int:
+def add_source_args(p: argparse.ArgumentParser) -> None:
+    """Where hints come from: a scenario (what-if), the local agent, or a leader."""
+    p.add_argument("--scenario", metavar="SCENARIO",
+                   help="what-if: a scenario file or bundled name instead of the live leader")
+    p.add_argument("--socket", metavar="PATH", help="the agent's socket")
+    p.add_argument("--config", metavar="FILE", type=Path,
+                   help="socket path and TLS files from this cruxd configuration")
+    p.add_argument("--leader", metavar="HOST:PORT", help="ask this leader directly")
+
+
+def fetch(args: argparse.Namespace, fmt: str) -> str:
+    """The hints document in `fmt`, from the source the arguments name."""
     if args.scenario is not None:
         if args.socket or args.leader or args.config:
             raise UsageError("--scenario plans here; it takes no --socket, --config, --leader")
-        text = _scenario_text(args)
-    else:
-        from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+        return _scenario_text(args.scenario, fmt)
+    from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 
-        req = cpb.HintsRequest(format=args.format)
-        doc = (live.leader_call(args, "GetHints", req) if args.leader
-               else live.local(args, "hints", format=args.format).hints)
-        text = doc.text
+    req = cpb.HintsRequest(format=fmt)
+    doc = (live.leader_call(args, "GetHints", req) if args.leader
+           else live.local(args, "hints", format=fmt).hints)
+    return str(doc.text)
+
+
+def cmd_hints(args: argparse.Namespace) -> int:
+    text = fetch(args, args.format)
     if args.out is None:
         sys.stdout.write(text)
         return 0
