@@ -60,14 +60,11 @@ def _scenario_text(scenario: str, fmt: str) -> str:
     return render(fmt, view).text
 
 
-def add_source_args(p: argparse.ArgumentParser) -> None:
+def add_source_args(p: argparse.ArgumentParser, json: bool = False) -> None:
     """Where hints come from: a scenario (what-if), the local agent, or a leader."""
     p.add_argument("--scenario", metavar="SCENARIO",
                    help="what-if: a scenario file or bundled name instead of the live leader")
-    p.add_argument("--socket", metavar="PATH", help="the agent's socket")
-    p.add_argument("--config", metavar="FILE", type=Path,
-                   help="socket path and TLS files from this cruxd configuration")
-    p.add_argument("--leader", metavar="HOST:PORT", help="ask this leader directly")
+    live.add_target_args(p, json=json)
 
 
 def fetch(args: argparse.Namespace, fmt: str) -> str:

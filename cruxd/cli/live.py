@@ -28,7 +28,8 @@ class Unreachable(CruxError):
     exit_status = UNREACHABLE
 
 
-def add_target_args(p: argparse.ArgumentParser, leader: bool = True) -> None:
+def add_target_args(p: argparse.ArgumentParser, leader: bool = True,
+                    json: bool = True) -> None:
     p.add_argument("--socket", metavar="PATH",
                    help="the agent's socket (default: $CRUX_SOCKET, else agent.socket of "
                         "--config, else the embedded default's)")
@@ -37,7 +38,8 @@ def add_target_args(p: argparse.ArgumentParser, leader: bool = True) -> None:
     if leader:
         p.add_argument("--leader", metavar="HOST:PORT",
                        help="ask the leader directly over gRPC instead of the local agent")
-    p.add_argument("--json", action="store_true", help="print JSON (stable field names)")
+    if json:
+        p.add_argument("--json", action="store_true", help="print JSON (stable field names)")
 
 
 def _config(args: argparse.Namespace) -> Any:

@@ -46,8 +46,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="HiGHS time limit in seconds (default 30)")
     p.add_argument("--hints", type=Path, metavar="FILE",
                    help="an Arnold hints document saved with `cruxctl hints --format arnold`")
-    add_source_args(p)
-    p.add_argument("--json", action="store_true", help="print the placement as JSON")
+    add_source_args(p, json=True)
 
 
 def _document(args: argparse.Namespace) -> dict[str, Any]:
