@@ -13,7 +13,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,25 @@ class Daemon:
             rc = self.proc.wait()
         self.proc = None
         return rc
+
+
+@contextmanager
+def running(daemons: list[Daemon], ready: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start every daemon and wait for `ready` in each log; yields a list for the jobs the
+    test starts. On the way out the jobs are killed first, then the daemons stopped."""
+    jobs: list[subprocess.Popen[bytes]] = []
+    try:
+        for d in daemons:
+            d.start()
+        for d in daemons:
+            d.wait_log(ready)
+        yield jobs
+    finally:
+        for j in jobs:
+            j.kill()
+            j.wait()
+        for d in daemons:
+            d.stop()
 
 
 def cruxctl(*args: str, socket_path: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.daemons import Daemon, crux_run, cruxctl, status, wait_for
+from tests.daemons import Daemon, crux_run, cruxctl, running, status, wait_for
 from tests.rig.fabric import MAX_SPINES, Fabric, can_build
 from tests.test_hints_volcano_slurm import parse_topology_conf
 from tests.test_probing_agents import agent_config, routes_by_job
@@ -36,12 +36,7 @@ def hints(d: Daemon, fmt: str) -> str:
 def test_hints_from_probed_fabric_reproduce_the_rig_tiers(tmp_path: Path) -> None:
     with Fabric(hosts_per_leaf=2, leaves=2, spines=2) as f:
         daemons = [Daemon(tmp_path, h, agent_config(f, h), netns=f.ns(h)) for h in f.host_names]
-        jobs = []
-        try:
-            for d in daemons:
-                d.start()
-            for d in daemons:
-                d.wait_log("agent h")
+        with running(daemons, "agent h") as jobs:
             for host, job, rank in (("h0", "big", 0), ("h2", "big", 1), ("h1", "small", 0),
                                     ("h3", "small", 1)):
                 jobs.append(crux_run(daemons[int(host[1:])].socket, job, "--gpus", "4",
@@ -56,12 +51,6 @@ def test_hints_from_probed_fabric_reproduce_the_rig_tiers(tmp_path: Path) -> Non
             labels = json.loads(hints(daemons[0], "labels"))
             slurm = hints(daemons[0], "slurm")
             volcano = list(yaml.safe_load_all(hints(daemons[0], "volcano")))
-        finally:
-            for j in jobs:
-                j.kill()
-                j.wait()
-            for d in daemons:
-                d.stop()
     real = {frozenset(h for h in f.host_names if f.leaf_of(h) == k): k for k in range(f.leaves)}
 
     # SpiderFlow: one vertex per real leaf, named by that leaf's own address, GPUs right

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemons import BIN, Daemon, cruxctl, status, wait_for
+from tests.daemons import BIN, Daemon, cruxctl, running, status, wait_for
 from tests.rig.fabric import Fabric, can_build
 
 pytestmark = [pytest.mark.root, pytest.mark.slow,
@@ -61,12 +61,7 @@ def test_agents_measure_job_in_profiling_window_and_leader_plans_with_it(
     with Fabric(hosts_per_leaf=1, leaves=2, spines=1) as f:
         daemons = [Daemon(tmp_path, h, config(f, h, gpu_file), netns=f.ns(h))
                    for h in ("h0", "h1")]
-        jobs: list[subprocess.Popen[bytes]] = []
-        try:
-            for d in daemons:
-                d.start()
-            for d in daemons:
-                d.wait_log("live measurement: 1 counter(s)")
+        with running(daemons, "live measurement: 1 counter(s)") as jobs:
             for rank, (host, peer) in enumerate((("h0", "h1"), ("h1", "h0"))):
                 jobs.append(subprocess.Popen(
                     ["ip", "netns", "exec", f.ns(host), str(BIN / "crux-run"), "--socket",
@@ -127,9 +122,3 @@ def test_agents_measure_job_in_profiling_window_and_leader_plans_with_it(
             text = cruxctl("status", socket_path=daemons[0].socket)
             assert text.returncode == 0, text.stderr
             assert "NIC ports" in text.stdout and "net:eth0" in text.stdout, text.stdout
-        finally:
-            for p in jobs:
-                p.kill()
-                p.wait()
-            for d in daemons:
-                d.stop()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemons import Daemon, crux_run, status, wait_for
+from tests.daemons import Daemon, crux_run, running, status, wait_for
 from tests.rig.fabric import Fabric, can_build
 from tests.rig.probe import spine_of
 from tests.rig.traffic import Flow, run_flows
@@ -51,12 +51,7 @@ def test_agents_probe_leader_discovers_fabric_and_ports_separate_jobs(tmp_path: 
     with Fabric(hosts_per_leaf=2, leaves=2, spines=2) as f:
         daemons = [Daemon(tmp_path, h, agent_config(f, h), netns=f.ns(h))
                    for h in f.host_names]
-        jobs = []
-        try:
-            for d in daemons:
-                d.start()
-            for d in daemons:
-                d.wait_log("agent h")
+        with running(daemons, "agent h") as jobs:
             # 'small' is 10x as GPU-intensive; both rings cross leaf 0 <-> leaf 1
             for host, job, rank, flops in (("h0", "big", 0, 1e12), ("h2", "big", 1, 1e12),
                                            ("h1", "small", 0, 1e13), ("h3", "small", 1, 1e13)):
@@ -91,12 +86,6 @@ def test_agents_probe_leader_discovers_fabric_and_ports_separate_jobs(tmp_path: 
                 dst = next(r["peer_host"] for r in routes[jid] if r["src_host"] == src)
                 delta = f.spine_tx_delta(src, dst, [port], count=20)
                 assert delta[spine[(jid, src)]] >= 20 and sum(delta) - max(delta) < 5, delta
-        finally:
-            for j in jobs:
-                j.kill()
-                j.wait()
-            for d in daemons:
-                d.stop()
 
         # with leaf 0's uplinks limited, the plan's ports carry twice what the ports of
         # an ECMP collision (small's flow hashed onto big's spine) do
