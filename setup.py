@@ -1,24 +1,35 @@
-"""Build step: generate the gRPC/protobuf stubs from proto/ (never checked in).
+"""Build steps: the gRPC/protobuf stubs from proto/, and the C libraries from shim/.
 
-pyproject.toml holds the metadata; this file only hooks stub generation into
-build_py. Editable installs (`pip install -e .`) get the stubs in the source
-tree's cruxd/rpc/gen/ (git-ignored); wheels get them in the build directory.
-protoc writes absolute imports (`from crux.v1 import common_pb2`) that would
-need a top-level `crux` package, so they are made package-relative here.
+pyproject.toml holds the metadata; this file only hooks two generators into the build:
+
+* build_py generates the stubs (never checked in). Editable installs (`pip install -e .`) get
+  them in the source tree's cruxd/rpc/gen/ (git-ignored); wheels get them in the build
+  directory. protoc writes absolute imports (`from crux.v1 import common_pb2`) that would need
+  a top-level `crux` package, so they are made package-relative here.
+* build_ext compiles the C libraries the daemon and jobs load (plain shared objects for
+  ctypes and the dynamic loader, not Python extension modules) into transport/native/, where
+  transport/native.py finds them. Nothing compiles at run time. The wrapper libibverbs is
+  built twice: libcrux_ibverbs.so (LD_PRELOAD, NCCL_IBVERBS_LIB) and ibverbs/libibverbs.so,
+  the name NCCL <= 2.29 dlopen()s, for a directory crux-run puts first on LD_LIBRARY_PATH.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 PROTO = ROOT / "proto"
 GEN_PKG = ("cruxd", "rpc", "gen")
 _ABS_IMPORT = re.compile(r"^from crux\.v1 import (\w+_pb2)", re.MULTILINE)
+NATIVE = "transport.native"
+VERBS_H = Path("/usr/include/infiniband/verbs.h")
 
 
 def generate(out_root: Path) -> list[Path]:
@@ -57,4 +68,71 @@ class BuildPyWithStubs(build_py):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildPyWithStubs})
+class SharedLib(Extension):
+    """A plain shared object built from shim/ sources: no Python ABI tag in its name."""
+
+    def __init__(self, name: str, sources: list[str], *, verbs: bool = False,
+                 version_script: str | None = None, soname: str | None = None,
+                 libraries: tuple[str, ...] = ()) -> None:
+        super().__init__(name, [f"shim/{s}" for s in sources], libraries=list(libraries))
+        self.verbs = verbs
+        self.version_script = version_script
+        self.soname = soname
+
+
+WRAPPER = dict(verbs=True, version_script="shim/crux_ibverbs.map", soname="libcrux_ibverbs.so",
+               libraries=("ibverbs", "dl"))
+WRAPPER_SRC = ["crux_ibverbs.c", "crux_decide.c"]
+LIBS = [
+    SharedLib(f"{NATIVE}.libcrux_pcie", ["crux_pcie.c"]),
+    SharedLib(f"{NATIVE}.libcrux_sampler", ["crux_sampler.c"]),
+    SharedLib(f"{NATIVE}.libcrux_ibverbs", WRAPPER_SRC, **WRAPPER),  # type: ignore[arg-type]
+    SharedLib(f"{NATIVE}.ibverbs.libibverbs", WRAPPER_SRC, **WRAPPER),  # type: ignore[arg-type]
+]
+
+
+class BuildSharedLibs(build_ext):
+    """Compile each SharedLib with the configured C compiler ($CC honoured)."""
+
+    def get_ext_filename(self, fullname: str) -> str:
+        return os.path.join(*fullname.split(".")) + ".so"
+
+    def build_extension(self, ext: Extension) -> None:
+        assert isinstance(ext, SharedLib)
+        if ext.verbs and not VERBS_H.exists():
+            raise SystemExit(f"building {ext.name}: {VERBS_H} is missing; install rdma-core's "
+                             "headers (Debian: apt-get install libibverbs-dev)")
+        out = Path(self.get_ext_fullpath(ext.name))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(self.build_temp) / ext.name
+        cflags = ["-std=c11", "-O2", "-fPIC", "-pthread", "-Wall", "-Wextra",
+                  "-fvisibility=hidden" if ext.version_script else "-fvisibility=default"]
+        objects = self.compiler.compile(ext.sources, output_dir=str(tmp),
+                                        extra_postargs=cflags, depends=list(_headers()))
+        link = ["-pthread"]
+        if ext.version_script:
+            link.append(f"-Wl,--version-script={ext.version_script}")
+        if ext.soname:
+            link.append(f"-Wl,-soname,{ext.soname}")
+        # a plain `cc -shared`: Python's LDSHARED would add its own rpath and -L flags; and
+        # --no-as-needed before the libraries, so the wrapper keeps its libibverbs.so.1 entry
+        self.compiler.set_executable("linker_so", [*self.compiler.compiler_so[:1], "-shared"])
+        self.compiler.link_shared_object(objects, str(out), libraries=ext.libraries,
+                                         extra_preargs=["-Wl,--no-as-needed"],
+                                         extra_postargs=link)
+
+    def copy_extensions_to_source(self) -> None:
+        # inplace builds (editable installs, `setup.py build_ext -i`): same layout in the tree
+        for ext in self.extensions:
+            src = Path(self.build_lib, self.get_ext_filename(ext.name))
+            if src.exists():
+                dst = ROOT / self.get_ext_filename(ext.name)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dst)
+
+
+def _headers() -> list[str]:
+    return [str(p.relative_to(ROOT)) for p in (ROOT / "shim").glob("*.h")]
+
+
+setup(cmdclass={"build_py": BuildPyWithStubs, "build_ext": BuildSharedLibs}, ext_modules=LIBS)

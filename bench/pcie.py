@@ -28,11 +28,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from _make import BUILD, ensure_built
+
 # bench/ is on sys.path when run as a script
 from tables import table
 
 from transport.pcie import PcieLocks
-from transport.shim_build import BUILD, ensure_built
 
 BENCH = BUILD / "bench_pcie"
 

@@ -31,10 +31,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from _make import BUILD, ensure_built
+
 # bench/ is on sys.path when run as a script
 from tables import table
 
-from transport.shim_build import BUILD, ensure_built
+from transport import native
 
 REPO = Path(__file__).resolve().parent.parent
 SIZES = (2, 16, 64, 256, 1024)
@@ -61,7 +63,7 @@ def modify_rows(device: str, iters: int) -> list[list[object]]:
     """Plain vs through the shim, on this host's RDMA device."""
     from transport.decision_table import Decision, TableWriter
 
-    lib = ensure_built(BUILD / "libcrux_ibverbs.so", "verbs")
+    lib = native.library(native.IBVERBS)
     cmd = [str(BUILD / "bench_modify"), device, "1", str(iters)]
     with tempfile.TemporaryDirectory() as d:
         table = Path(d) / "decisions"

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from tests.cbuild import build
+from transport import native
 from transport.decision_table import Decision, TableWriter
 from transport.qp_records import parse
-from transport.shim_build import BUILD, ensure_built
 from transport.steering import steering_for
 from transport.verbs import flow_label_for
 
@@ -61,7 +61,7 @@ def progs(rig: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     return {"nccl": build(out, "rc_pair_nccl", ["tests/c/rc_pair.c"]),
             "direct": build(out, "rc_pair_direct", ["tests/c/rc_pair.c"], "-DDIRECT_LINK",
                             "-libverbs"),
-            "lib": ensure_built(BUILD / "libcrux_ibverbs.so", "verbs")}
+            "lib": native.library(native.IBVERBS)}
 
 
 @contextmanager

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.cbuild import build, verbs_headers
+from transport import native
 from transport.decision_table import Decision, TableWriter
 from transport.qp_records import parse, read_dir
-from transport.shim_build import BUILD, ensure_built
 from transport.steering import steering_for
 from transport.verbs import flow_label_for, sport_of
 
@@ -139,7 +139,7 @@ def test_qp_records_round_trip(tmp_path: Path, decide: Path) -> None:
 def test_wrapper_exports_and_nccl_style_loading(tmp_path: Path) -> None:
     if not verbs_headers():
         pytest.skip("rdma-core headers missing (apt-get install libibverbs-dev)")
-    lib = ensure_built(BUILD / "libcrux_ibverbs.so", "verbs")
+    lib = native.library(native.IBVERBS)
     syms = subprocess.run(["objdump", "-T", str(lib)], capture_output=True, text=True).stdout
     exported = sorted(line.split()[-1] for line in syms.splitlines()
                       if " DF .text" in line and "IBVERBS_1.1" in line)

@@ -4,8 +4,7 @@ The lock itself is C (shim/crux_pcie.h documents the grant rule, liveness and li
 this module is its ctypes binding for the agent (create, stats) and Python jobs (acquire,
 release), plus `shared_links`, which finds the PCIe links worth a semaphore on this host.
 
-The library is shim/build/libcrux_pcie.so (or $CRUX_PCIE_LIB); when it is missing and `make` and
-a C compiler exist, the first use builds it with `make -C shim`.
+The library is the installed libcrux_pcie.so (transport/native.py), or $CRUX_PCIE_LIB.
 
 Callers fail open: `held()` proceeds without the semaphore when it cannot be had; `acquire`
 raises PcieLockError (an OSError with the errno) for the caller to decide.
@@ -24,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from transport.shim_build import BUILD, ShimBuildError, ensure_built
+from transport import native
 
 __all__ = [
     "DEFAULT_PATH", "LEVELS", "QUEUE_LEN", "LinkStats", "PcieLockError", "PcieLocks",
@@ -68,22 +67,15 @@ class LinkStats:
 
 def library_path() -> Path:
     env = os.environ.get(LIB_ENV)
-    return Path(env) if env else BUILD / "libcrux_pcie.so"
+    return Path(env) if env else native.lib_dir() / native.PCIE
 
 
 _lib: ctypes.CDLL | None = None
 _lib_lock = threading.Lock()
 
 
-def _build(lib: Path) -> None:
-    try:
-        ensure_built(lib, "pcie")
-    except ShimBuildError as exc:
-        raise PcieLockError(errno.ENOENT, str(exc)) from None
-
-
 def load_library() -> ctypes.CDLL:
-    """The C library, built first if it is missing (and buildable)."""
+    """The installed C library (PcieLockError ENOENT when it is missing)."""
     global _lib
     with _lib_lock:
         if _lib is not None:
@@ -92,7 +84,10 @@ def load_library() -> ctypes.CDLL:
         if not lib_path.exists():
             if os.environ.get(LIB_ENV):
                 raise PcieLockError(errno.ENOENT, f"${LIB_ENV}={lib_path} does not exist")
-            _build(lib_path)
+            try:
+                native.library(native.PCIE)
+            except native.NativeLibraryMissing as exc:
+                raise PcieLockError(errno.ENOENT, str(exc)) from None
         lib = ctypes.CDLL(str(lib_path), use_errno=True)
         u, i = ctypes.c_uint, ctypes.c_int
         vp, cp = ctypes.c_void_p, ctypes.c_char_p

@@ -25,9 +25,7 @@ import numpy.typing as npt
 
 from cruxd.measure.nic import Counter, CounterReader
 from cruxd.measure.window import CounterWindow
-from transport.shim_build import BUILD, ShimBuildError, ensure_built
-
-LIBRARY = BUILD / "libcrux_sampler.so"
+from transport import native
 
 _lib: ctypes.CDLL | None = None
 _lib_lock = threading.Lock()
@@ -37,13 +35,13 @@ class SamplerUnavailable(RuntimeError):
     """The C sampler cannot be loaded here; the message says why."""
 
 
-def load_library(path: Path = LIBRARY) -> ctypes.CDLL:
+def load_library(path: Path | None = None) -> ctypes.CDLL:
     global _lib
     with _lib_lock:
         if _lib is None:
             try:
-                lib = ctypes.CDLL(str(ensure_built(path, "sampler")))
-            except (ShimBuildError, OSError) as exc:
+                lib = ctypes.CDLL(str(path or native.library(native.SAMPLER)))
+            except OSError as exc:
                 raise SamplerUnavailable(str(exc)) from None
             i64p = ctypes.POINTER(ctypes.c_int64)
             fn = lib.crux_sample_batch

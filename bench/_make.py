@@ -1,8 +1,8 @@
-"""Build the C pieces under shim/ on first use (`make -C shim <target>`).
+"""Build the shim's C benchmark programs on first use (`make -C shim <target>`).
 
-Tests, benchmarks and the agent need the shim's libraries and programs; a fresh checkout has
-none until something builds them. Concurrent callers (pytest workers) build once: the make
-runs under an flock in shim/build/.
+Only benchmarks use this: the libraries the daemon and jobs load are compiled by the install
+(setup.py build_ext, transport/native.py), never at run time. Concurrent callers build
+once: the make runs under an flock in shim/build/.
 """
 
 from __future__ import annotations
