@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -59,6 +60,8 @@ def rig() -> None:
 def progs(rig: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("cbin")
     return {"nccl": build(out, "rc_pair_nccl", ["tests/c/rc_pair.c"]),
+            **{f"nccl{g}": build(out, f"rc_pair_nccl{g}", ["tests/c/rc_pair.c"],
+                                 f"-DNCCL_LOADER={g}", "-ldl") for g in (229, 230)},
             "direct": build(out, "rc_pair_direct", ["tests/c/rc_pair.c"], "-DDIRECT_LINK",
                             "-libverbs"),
             "lib": native.library(native.IBVERBS)}
@@ -146,6 +149,30 @@ def test_shim_loaded_the_nccl_way(progs: dict[str, Path], tmp_path: Path) -> Non
                  for q in rec.qps)
     assert got == sorted([("rxe0", B, 51234, 26, 3, OWN_TC)] * 2
                          + [("rxe1", A, 60001, 46, 2, OWN_TC)] * 2)
+
+
+@pytest.mark.parametrize("gen", [229, 230])
+def test_both_nccl_generations_under_crux_run_env(progs: dict[str, Path], tmp_path: Path,
+                                                  gen: int) -> None:
+    """NCCL <= 2.29 (libibverbs.so by name) and >= 2.30 ($NCCL_IBVERBS_LIB first), each with
+    exactly the environment `crux-run --print-env` gives a job: every RoCEv2 packet carries the
+    decided port and DSCP."""
+    table, qps = tmp_path / "decisions", tmp_path / "qps"
+    qps.mkdir()
+    write_table(table, Decision("gen", B, 3, 26, 104, 0xD00D, 1),
+                Decision("gen", A, 2, 46, 184, 0xE00E, 1))
+    crux_run = Path(sys.executable).parent / "crux-run"
+    out = subprocess.run([str(crux_run), "--print-env", "--job-id", "gen", "--table",
+                          str(table), "--no-sock"], capture_output=True, text=True, check=True)
+    env = {k: shlex.split(v)[0] for k, _, v in (ln.removeprefix("export ").partition("=")
+                                                for ln in out.stdout.splitlines())}
+    assert set(env) == {"CRUX_JOB_ID", "CRUX_DECISION_TABLE", "LD_LIBRARY_PATH",
+                        "NCCL_IBVERBS_LIB"}
+    with capture(tmp_path) as seen:
+        run_pairs(progs[f"nccl{gen}"], {**env, "CRUX_QP_DIR": str(qps)}, "--pairs", "2")
+    assert seen == {A: {(0xD00D, 26)}, B: {(0xE00E, 46)}}
+    (f,) = list(qps.iterdir())
+    assert parse(f.read_bytes()).counters["applied"] == 4
 
 
 def test_shim_through_ld_preload(progs: dict[str, Path], tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Runs tests/test_rdma.py where RDMA exists: in the soft-RoCE VM on kernels without it.
+"""Runs tests/test_rdma*.py where RDMA exists: in the soft-RoCE VM on kernels without it.
 
 On a host whose kernel has RDMA devices the rdma tests run directly and this test skips; on
 one without (CI's), it boots the VM (tests/rig/rxe_vm.py: Debian's 6.1 kernel under qemu TCG,
@@ -27,8 +27,9 @@ def test_rdma_suite_in_the_soft_roce_vm() -> None:
     reason = vm_available()
     if reason:
         pytest.skip(reason)
+    files = " ".join(str(p.relative_to(REPO)) for p in sorted(REPO.glob("tests/test_rdma*.py")))
     res = run_in_vm(f"exec {sys.executable} -m pytest -p no:cacheprovider -q -rA "
-                    "-m rdma tests/test_rdma.py", repo=REPO, timeout_s=900)
+                    f"-m rdma {files}", repo=REPO, timeout_s=900)
     summary = res.output.strip().splitlines()[-1] if res.output.strip() else ""
     assert res.rc == 0, f"rdma tests in the VM failed (rc {res.rc}):\n{res.output[-6000:]}"
     passed = re.search(r"(\d+) passed", summary)

@@ -168,6 +168,7 @@ class LiveMeasurement:
                             "more CPU at %g Hz", exc, self.cfg.rate_hz)
             else:
                 self.sampler = "c"
+                LOG.info("live measurement: the C loop samples the NIC counters")
                 try:
                     self._batch.run(self.window, self._stop)
                 finally:

@@ -2,11 +2,16 @@
 
     crux-run [--job-id ID] [--gpus N] ... -- COMMAND [ARGS...]
 
+    crux-run --print-env [--job-id ID]
+
 It registers over the agent's socket and then exec()s COMMAND in its own
 process, so the pid the agent watches (from SO_PEERCRED) is the job itself:
 when the job ends, however it ends, the agent drops it. COMMAND gets
-CRUX_JOB_ID and CRUX_DECISION_TABLE in its environment. Without an agent the
-command runs exactly as it would without crux (fail open), after one warning.
+CRUX_JOB_ID and CRUX_DECISION_TABLE in its environment, and the job-side
+libraries (cruxd/cli/job_env.py): the wrapper libibverbs for NCCL of every
+generation (LD_LIBRARY_PATH and NCCL_IBVERBS_LIB) and the socket interposer
+(LD_PRELOAD). Without an agent the command runs exactly as it would without
+crux (fail open), after one warning, and loads none of them.
 
 Exit status: COMMAND's; 2 for bad arguments; 127 when COMMAND cannot be run.
 """
@@ -19,6 +24,7 @@ import shlex
 import socket
 import sys
 
+from cruxd.cli.job_env import default_table, job_env, render_exports
 from cruxd.errors import CruxError
 
 ENV_JOB = ("CRUX_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
@@ -41,7 +47,8 @@ def _gpus() -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="crux-run", usage="crux-run [options] -- COMMAND [ARGS...]",
+        prog="crux-run",
+        usage="crux-run [options] -- COMMAND [ARGS...]\n       crux-run --print-env [options]",
         description="Register a training job with the local crux agent, then run it (the "
                     "job keeps crux-run's pid, so the agent sees it exit).",
         epilog="Defaults come from the launcher's environment: job id from CRUX_JOB_ID, "
@@ -63,7 +70,19 @@ def _parser() -> argparse.ArgumentParser:
                    help="hint: gradient all-reduce size per iteration")
     p.add_argument("--socket", metavar="PATH",
                    help="agent socket (default: $CRUX_SOCKET, else the embedded default's)")
-    p.add_argument("--quiet", action="store_true", help="no warning when no agent answers")
+    p.add_argument("--quiet", action="store_true", help="no warnings (no agent, no library)")
+    p.add_argument("--no-shim", action="store_true",
+                   help="load no job-side library (neither the wrapper libibverbs nor the "
+                        "socket interposer): the job is registered but its traffic unsteered")
+    p.add_argument("--no-sock", action="store_true",
+                   help="leave out the socket interposer only (TCP connections unsteered)")
+    p.add_argument("--print-env", action="store_true",
+                   help="print the exports a job needs (one `export NAME=value` per line, "
+                        "POSIX shell) and exit, registering nothing: for launchers that cannot "
+                        "exec through crux-run (Slurm TaskProlog, Kubernetes env, MPI)")
+    p.add_argument("--table", metavar="PATH",
+                   help="with --print-env: the decision table (default: "
+                        "$CRUX_DECISION_TABLE, else the embedded default's)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND")
     return p
 
@@ -101,10 +120,29 @@ def _warn(args: argparse.Namespace, msg: str) -> None:
         print(f"crux-run: warning: {msg}", file=sys.stderr)
 
 
+def _print_env(args: argparse.Namespace) -> int:
+    if args.command:
+        print("crux-run: error: --print-env takes no COMMAND", file=sys.stderr)
+        return 2
+    job_id = args.job_id or next((os.environ[n] for n in ENV_JOB if os.environ.get(n)), None)
+    if job_id is None:
+        print("crux-run: error: --print-env needs --job-id (or CRUX_JOB_ID, SLURM_JOB_ID, "
+              "TORCHELASTIC_RUN_ID)", file=sys.stderr)
+        return 2
+    env = job_env(os.environ, job_id, args.table or default_table(),
+                  verbs=not args.no_shim, sock=not (args.no_shim or args.no_sock))
+    for w in env.warnings:
+        _warn(args, w)
+    sys.stdout.write(render_exports(env))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    if args.print_env:
+        return _print_env(args)
     if not args.command:
         print("crux-run: error: no COMMAND given (crux-run [options] -- COMMAND ...)",
               file=sys.stderr)
@@ -116,8 +154,12 @@ def main(argv: list[str] | None = None) -> int:
                     "hosts needs the same id on each)")
     env = dict(os.environ, CRUX_JOB_ID=job_id)
     table = _register(args, job_id)
-    if table:
-        env["CRUX_DECISION_TABLE"] = table
+    if table:  # only a job an agent took gets the libraries: without one, it runs untouched
+        extra = job_env(os.environ, job_id, table, verbs=not args.no_shim,
+                        sock=not (args.no_shim or args.no_sock))
+        for w in extra.warnings:
+            _warn(args, w)
+        env.update(extra.exports)
     try:
         os.execvpe(args.command[0], args.command, env)
     except OSError as exc:

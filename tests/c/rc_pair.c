@@ -2,14 +2,19 @@
  * rc_pair - connect RC QP pairs between two local RDMA devices and RDMA-WRITE both ways.
  *
  * The shim's acceptance program. Built twice from this source:
- *   rc_pair_nccl   loads verbs the way NCCL does: dlopen($NCCL_IBVERBS_LIB, else
- *                  libibverbs.so.1) and dlvsym(handle, name, "IBVERBS_1.1") for every verb
- *                  NCCL resolves (src/misc/ibvsymbols.cc), never linking libibverbs;
+ *   rc_pair_nccl   loads verbs the way NCCL does (src/misc/ibvsymbols.cc), never linking
+ *                  libibverbs: dlopen() a library, then dlvsym(handle, name, "IBVERBS_1.1") for
+ *                  every verb NCCL requires and the two it takes at newer versions if present.
+ *                  Which library, by NCCL generation (-DNCCL_LOADER=...):
+ *                    229 (NCCL <= 2.29): "libibverbs.so", else "libibverbs.so.1", by name;
+ *                    230 (NCCL >= 2.30, the default): $NCCL_IBVERBS_LIB first, then the names;
  *   rc_pair_direct linked against libibverbs (-DDIRECT_LINK), for LD_PRELOAD.
  * Like NCCL it sets grh.flow_label = 0 and its own traffic class (--tc) at RTR.
  *
  * usage: rc_pair --dev-a rxe0 --dev-b rxe1 [--gid 1] [--tc 0] [--pairs 1] [--writes 8]
  *                [--size 4096] [--gap-ms 0] [--keep 0]
+ *        rc_pair --resolve   load the verbs only and print, as one JSON object, which file
+ *                            each verb resolved from (dladdr): needs no RDMA device
  * --keep 1 leaves the QPs undestroyed at exit, so the shim's QP records stay live.
  * One JSON line per pair on stdout: both QPs' numbers and their address vector read back with
  * ibv_query_qp. Exit 0 when every write of every pair completed, else 1 (reason on stderr).
@@ -80,14 +85,59 @@ static void *sym(void *h, const char *name)
     return p;
 }
 
+#ifndef NCCL_LOADER
+#define NCCL_LOADER 230
+#endif
+
+/* Verbs NCCL takes at a newer version when the library has them, silently otherwise. */
+static const char *const nccl_optional[][2] = {
+    {"ibv_reg_mr_iova2", "IBVERBS_1.8"}, {"ibv_reg_dmabuf_mr", "IBVERBS_1.12"},
+};
+
+static void *open_verbs(void)
+{
+    void *h = NULL;
+#if NCCL_LOADER >= 230
+    const char *lib = getenv("NCCL_IBVERBS_LIB");
+    if (lib != NULL && lib[0] != '\0')
+        h = dlopen(lib, RTLD_NOW);
+#endif
+    if (h == NULL)
+        h = dlopen("libibverbs.so", RTLD_NOW);
+    if (h == NULL)
+        h = dlopen("libibverbs.so.1", RTLD_NOW);
+    if (h == NULL)
+        DIE("dlopen(libibverbs.so[.1]): %s", dlerror());
+    return h;
+}
+
+static void print_file(const char *name, void *fn)
+{
+    Dl_info info;
+    const char *file = fn != NULL && dladdr(fn, &info) != 0 ? info.dli_fname : "";
+    printf("\"%s\": \"%s\"", name, file);
+}
+
+/* --resolve: {"nccl_loader": N, "verbs": {name: file, ...}} for every verb NCCL resolves. */
+static int resolve_only(void)
+{
+    void *h = open_verbs();
+    printf("{\"nccl_loader\": %d, \"verbs\": {", NCCL_LOADER);
+    for (size_t i = 0; i < sizeof nccl_symbols / sizeof *nccl_symbols; i++) {
+        print_file(nccl_symbols[i], sym(h, nccl_symbols[i]));
+        printf(", ");
+    }
+    for (size_t i = 0; i < sizeof nccl_optional / sizeof *nccl_optional; i++) {
+        print_file(nccl_optional[i][0], dlvsym(h, nccl_optional[i][0], nccl_optional[i][1]));
+        printf(i + 1 < sizeof nccl_optional / sizeof *nccl_optional ? ", " : "");
+    }
+    printf("}}\n");
+    return 0;
+}
+
 static void load_verbs(void)
 {
-    const char *lib = getenv("NCCL_IBVERBS_LIB");
-    if (lib == NULL || lib[0] == '\0')
-        lib = "libibverbs.so.1";
-    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL)
-        DIE("dlopen(%s): %s", lib, dlerror());
+    void *h = open_verbs();
     for (size_t i = 0; i < sizeof nccl_symbols / sizeof *nccl_symbols; i++)
         sym(h, nccl_symbols[i]);
     v.get_device_list = sym(h, "ibv_get_device_list");
@@ -257,6 +307,10 @@ int main(int argc, char **argv)
     int failed = 0;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
+#ifndef DIRECT_LINK
+    if (argc > 1 && strcmp(argv[1], "--resolve") == 0)
+        return resolve_only();
+#endif
     load_verbs();
     side_open(&a, sarg(argc, argv, "--dev-a", "rxe0"), gid, size);
     side_open(&b, sarg(argc, argv, "--dev-b", "rxe1"), gid, size);
