@@ -82,12 +82,14 @@ class SharedLib(Extension):
 
 WRAPPER = dict(verbs=True, version_script="shim/crux_ibverbs.map", soname="libcrux_ibverbs.so",
                libraries=("ibverbs", "dl"))
-WRAPPER_SRC = ["crux_ibverbs.c", "crux_decide.c"]
+WRAPPER_SRC = ["crux_ibverbs.c", "crux_decide.c", "crux_repath.c", "crux_gate.c", "crux_gate_setup.c",
+               "crux_links.c", "crux_pcie.c"]
 LIBS = [
     SharedLib(f"{NATIVE}.libcrux_pcie", ["crux_pcie.c"]),
     SharedLib(f"{NATIVE}.libcrux_sampler", ["crux_sampler.c"]),
     SharedLib(f"{NATIVE}.libcrux_ibverbs", WRAPPER_SRC, **WRAPPER),  # type: ignore[arg-type]
     SharedLib(f"{NATIVE}.ibverbs.libibverbs", WRAPPER_SRC, **WRAPPER),  # type: ignore[arg-type]
+    SharedLib(f"{NATIVE}.libcrux_sock", ["crux_sock.c"], libraries=("dl",)),
 ]
 
 
@@ -128,7 +130,11 @@ class BuildSharedLibs(build_ext):
             if src.exists():
                 dst = ROOT / self.get_ext_filename(ext.name)
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, dst)
+                # a new inode by rename: truncating the old file in place would SIGBUS every
+                # process that has it mapped (a running job, the agent's sampler)
+                tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+                shutil.copyfile(src, tmp)
+                os.replace(tmp, dst)
 
 
 def _headers() -> list[str]:

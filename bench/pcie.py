@@ -11,8 +11,15 @@ Protocol
   (c) For reference, uncontended from Python (transport/pcie.py, ctypes): ns per pair.
   Each C row is the median (by ns/op) of --repeat runs. With more processes than cores the
   contended rows measure the scheduler as much as the lock: the core count is printed.
+  (d) The wrapper's gate on the data path (shim/crux_gate.c), in C without a NIC
+      (shim/build/bench_gate DIR ITERS): fake device contexts whose ops tables accept every WR
+      and return queued completions, one context gated (its ops swapped for the trampolines,
+      real semaphore and map files), one not (the baseline). ns per ibv_post_send (or per
+      post + poll pair) through the trampoline minus the same call through the ungated
+      context; median of --repeat runs of --gate-iters calls each. Target: < 100 ns added per
+      post on the uncontended path.
 
-    .venv/bin/python bench/pcie.py [--iters N] [--repeat R] [--procs 2,4]
+    .venv/bin/python bench/pcie.py [--iters N] [--repeat R] [--procs 2,4] [--gate-iters N]
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import argparse
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +44,16 @@ from tables import table
 from transport.pcie import PcieLocks
 
 BENCH = BUILD / "bench_pcie"
+GATE = BUILD / "bench_gate"
+# (row, gated key, baseline key): what the gate adds to each kind of call
+GATE_ROWS = [
+    ("post, link held, nobody waiting (the fast path)", "gated_post", "base_post"),
+    ("post, unsignaled WR", "unsignaled_post", "base_post"),
+    ("post, link held, a lower level waiting", "waiter_post", "base_post"),
+    ("post + poll, link kept held by another QP", "held_pair", "base_pair"),
+    ("post + poll, link taken and given back each time", "pingpong_pair", "base_pair"),
+    ("poll, empty CQ", "gated_poll_empty", "base_poll_empty"),
+]
 
 
 def run_c(path: Path, procs: int, iters: int) -> dict[str, float]:
@@ -63,16 +81,30 @@ def python_ns(path: Path, iters: int) -> float:
         return (time.perf_counter_ns() - t0) / iters
 
 
+def gate_rows(iters: int, repeat: int) -> list[list[object]]:
+    runs = []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as d:
+            out = subprocess.run([str(GATE), d, str(iters)], capture_output=True, text=True,
+                                 check=True).stdout
+        runs.append({k: float(v) for k, v in (kv.split("=") for kv in out.split())})
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    return [[name, f"{med[base]:.1f}", f"{med[gated]:.1f}", f"{med[gated] - med[base]:.1f}"]
+            for name, gated, base in GATE_ROWS]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=200_000, help="pairs per process")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--procs", default="2,4", help="contended process counts")
+    ap.add_argument("--gate-iters", type=int, default=2_000_000, help="calls per gate case")
     args = ap.parse_args(argv)
     print("$ " + shlex.join(sys.orig_argv))
     print(f"# python {platform.python_version()}, {platform.machine()} x{os.cpu_count()} cores, "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
     ensure_built(BENCH, "pcie")
+    ensure_built(GATE, "gate")
     rows = []
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "pcie"
@@ -93,6 +125,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                  "acq max ns", "count exact"], rows))
     print(f"\n# {args.iters:,} pairs per process, median of {args.repeat} runs; "
           "ns/pair contended = wall time / all pairs (the link is serial)")
+    print("\n(d) the wrapper's PCIe gate on ibv_post_send/ibv_poll_cq, native, no NIC (ns per "
+          "call)")
+    print(table(["call", "ungated", "gated", "added"], gate_rows(args.gate_iters, args.repeat)))
+    print(f"\n# {args.gate_iters:,} calls per case, median of {args.repeat} runs")
 
 
 if __name__ == "__main__":

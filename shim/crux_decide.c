@@ -92,6 +92,23 @@ int crux_qps_add(void *base, const struct crux_qps_record *rec)
     return -1;
 }
 
+void crux_qps_repath(void *base, uint32_t qpn, const char *device, uint16_t sport)
+{
+    struct crux_qps_header *h = base;
+    struct crux_qps_record *r = records(base);
+    for (uint32_t i = 0; i < h->used; i++) {
+        if (r[i].state != CRUX_QPS_LIVE || r[i].qpn != qpn ||
+            strncmp(r[i].device, device, sizeof r[i].device - 1) != 0)
+            continue;
+        struct crux_qps_record val = r[i]; /* the only writer: a plain copy is consistent */
+        val.sport = sport;
+        int32_t fl = crux_flow_label_for(sport);
+        val.flow_label = fl < 0 ? 0 : (uint32_t)fl;
+        crux_seq_write128(&r[i], &val);
+        return;
+    }
+}
+
 void crux_qps_remove(void *base, uint32_t qpn, const char *device)
 {
     struct crux_qps_header *h = base;

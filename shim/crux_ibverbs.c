@@ -1,12 +1,12 @@
 /*
  * crux_ibverbs.c - libcrux_ibverbs.so, a wrapper libibverbs for training jobs.
  *
- * It defines ibv_modify_qp and ibv_destroy_qp at version IBVERBS_1.1 and links against the real
- * libibverbs.so.1, so:
+ * It defines ibv_modify_qp, ibv_destroy_qp, ibv_create_qp and ibv_close_device at version
+ * IBVERBS_1.1 and links against the real libibverbs.so.1, so:
  *   - NCCL_IBVERBS_LIB=/path/libcrux_ibverbs.so: NCCL dlopen()s this library and resolves every
  *     verb with dlvsym(handle, name, "IBVERBS_1.1"). A handle lookup searches the library and
- *     then its dependencies, so ibv_modify_qp/ibv_destroy_qp come from here and every other verb
- *     straight from the real libibverbs: the calls we do not change cost nothing extra.
+ *     then its dependencies, so those four come from here and every other verb straight from
+ *     the real libibverbs: the calls we do not change cost nothing extra.
  *   - LD_PRELOAD=/path/libcrux_ibverbs.so: a program linked against libibverbs binds its
  *     ibv_modify_qp@IBVERBS_1.1 reference to the first definition in load order, ours.
  * We reach the real functions through the real library's own handle, whose lookup scope (the
@@ -18,8 +18,16 @@
  * written. The QP is recorded for the agent (crux_qps.h). Fail open: anything missing or wrong
  * leaves the call exactly as the program made it, and a counter says why.
  *
+ * Live re-path (crux_repath.h): on mlx5, a QP whose decided port moves after connect is moved
+ * with mlx5dv_modify_qp_udp_sport by a thread of the job; elsewhere it stays pending.
+ *
+ * PCIe gating (crux_gate.h): ibv_create_qp hands each QP to the gate, which swaps the context's
+ * post_send/poll_cq for trampolines holding the job's PCIe link semaphore while it has RDMA
+ * work outstanding.
+ *
  * Environment: CRUX_JOB_ID, CRUX_DECISION_TABLE (default /run/crux/decisions), CRUX_QP_DIR
- * (default: the table's directory + /qps), CRUX_SHIM_LOG=1 (one stderr line per connect).
+ * (default: the table's directory + /qps), CRUX_SHIM_LOG=1 (one stderr line per connect),
+ * CRUX_PCIE and CRUX_PCIE_LINKS (default: the table's directory + /pcie, /pcie-links).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -35,6 +43,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crux_gate.h"
+#include "crux_repath.h"
 #include "crux_shim.h"
 
 #define VERBS_VERSION "IBVERBS_1.1"
@@ -43,10 +53,14 @@
 
 typedef int (*modify_fn)(struct ibv_qp *, struct ibv_qp_attr *, int);
 typedef int (*destroy_fn)(struct ibv_qp *);
+typedef struct ibv_qp *(*create_fn)(struct ibv_pd *, struct ibv_qp_init_attr *);
+typedef int (*close_fn)(struct ibv_context *);
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static modify_fn real_modify;
 static destroy_fn real_destroy;
+static create_fn real_create;
+static close_fn real_close;
 
 /* Everything below is guarded by `lock`: connects are rare (setup time), so one uncontended
  * mutex is cheaper than being clever. */
@@ -71,6 +85,10 @@ static const char *env_or(const char *name, const char *dflt)
     return v != NULL && v[0] != '\0' ? v : dflt;
 }
 
+static int job_level(void);
+static int decided_sport(const uint8_t dgid[16]);
+static void repathed(struct ibv_qp *qp, uint16_t sport);
+
 static void init_once(void)
 {
     void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
@@ -79,22 +97,25 @@ static void init_once(void)
     if (h != NULL) {
         real_modify = (modify_fn)dlvsym(h, "ibv_modify_qp", VERBS_VERSION);
         real_destroy = (destroy_fn)dlvsym(h, "ibv_destroy_qp", VERBS_VERSION);
+        real_create = (create_fn)dlvsym(h, "ibv_create_qp", VERBS_VERSION);
+        real_close = (close_fn)dlvsym(h, "ibv_close_device", VERBS_VERSION);
     }
     const char *job = env_or("CRUX_JOB_ID", "");
     if (strlen(job) < sizeof st.job) /* a longer id cannot be in the table: NO_JOB */
         strcpy(st.job, job);
     snprintf(st.table_path, sizeof st.table_path, "%s",
              env_or("CRUX_DECISION_TABLE", CRUX_TABLE_DEFAULT_PATH));
-    const char *dir = getenv("CRUX_QP_DIR");
-    if (dir != NULL && dir[0] != '\0') {
-        snprintf(st.qps_dir, sizeof st.qps_dir, "%s", dir);
-    } else {
-        const char *slash = strrchr(st.table_path, '/');
-        int n = slash == NULL ? 1 : (int)(slash - st.table_path);
-        snprintf(st.qps_dir, sizeof st.qps_dir, "%.*s/qps", n,
-                 slash == NULL ? "." : st.table_path);
-    }
+    static char table_dir[4096];
+    const char *slash = strrchr(st.table_path, '/');
+    snprintf(table_dir, sizeof table_dir, "%.*s", slash == NULL ? 1 : (int)(slash - st.table_path),
+             slash == NULL ? "." : st.table_path);
+    snprintf(st.qps_dir, sizeof st.qps_dir, "%s", env_or("CRUX_QP_DIR", ""));
+    if (st.qps_dir[0] == '\0')
+        snprintf(st.qps_dir, sizeof st.qps_dir, "%.4000s/qps", table_dir);
     st.log = env_or("CRUX_SHIM_LOG", "0")[0] == '1';
+    crux_gate_configure_env(table_dir, job_level, st.log);
+    static const struct crux_repath_hooks hooks = {decided_sport, repathed};
+    crux_repath_configure(&hooks, 1000, st.log);
 }
 
 static uint64_t now_ns(clockid_t clock)
@@ -147,6 +168,37 @@ static void table_refresh(void)
         table_open();
         st.next_open_ns = now + REOPEN_NS;
     }
+}
+
+/* The gate's level: the job-wide entry's, -1 without one (the job is then not gated). */
+static int job_level(void)
+{
+    struct crux_table_entry e;
+    pthread_mutex_lock(&lock);
+    table_refresh();
+    int lv = st.table_missing ? -1 : crux_table_lookup(st.table, st.table_len, st.job, NULL, &e);
+    pthread_mutex_unlock(&lock);
+    return lv == 0 ? e.level : -1;
+}
+
+/* For the re-path thread: the decided port toward dgid now (-1: no table or no decision). */
+static int decided_sport(const uint8_t dgid[16])
+{
+    struct crux_table_entry e;
+    pthread_mutex_lock(&lock);
+    table_refresh();
+    int rc = st.table_missing ? -1
+                              : crux_table_decision(st.table, st.table_len, st.job, dgid, &e);
+    pthread_mutex_unlock(&lock);
+    return rc < 0 ? -1 : e.sport;
+}
+
+static void repathed(struct ibv_qp *qp, uint16_t sport)
+{
+    pthread_mutex_lock(&lock);
+    if (st.qps != NULL && st.qps_pid == getpid())
+        crux_qps_repath(st.qps, qp->qp_num, qp->context->device->name, sport);
+    pthread_mutex_unlock(&lock);
 }
 
 static void *qps_file(void)
@@ -246,6 +298,8 @@ __attribute__((visibility("default"))) int ibv_modify_qp(struct ibv_qp *qp,
         pthread_mutex_lock(&lock);
         record(qp, attr, &sent, &d);
         pthread_mutex_unlock(&lock);
+        if (sent.ah_attr.is_global && st.job[0] != '\0') /* outside `lock`: see crux_repath.c */
+            crux_repath_track(qp, sent.ah_attr.grh.dgid.raw, d.sport);
     }
     return rc;
 }
@@ -256,10 +310,28 @@ __attribute__((visibility("default"))) int ibv_destroy_qp(struct ibv_qp *qp)
     if (real_destroy == NULL)
         return ENOSYS;
     if (qp != NULL) {
+        crux_repath_forget(qp);
+        crux_gate_qp_destroyed(qp);
         pthread_mutex_lock(&lock);
         if (st.qps != NULL && st.qps_pid == getpid())
             crux_qps_remove(st.qps, qp->qp_num, qp->context->device->name);
         pthread_mutex_unlock(&lock);
     }
     return real_destroy(qp);
+}
+
+__attribute__((visibility("default"))) struct ibv_qp *ibv_create_qp(struct ibv_pd *pd,
+                                                                   struct ibv_qp_init_attr *attr)
+{
+    pthread_once(&once, init_once);
+    struct ibv_qp *qp = real_create != NULL ? real_create(pd, attr) : NULL;
+    crux_gate_qp_created(qp, attr); /* gates the QP's context once, if it can be */
+    return qp;
+}
+
+__attribute__((visibility("default"))) int ibv_close_device(struct ibv_context *ctx)
+{
+    pthread_once(&once, init_once);
+    crux_gate_context_closed(ctx);
+    return real_close != NULL ? real_close(ctx) : -1;
 }

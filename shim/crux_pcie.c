@@ -484,6 +484,34 @@ int crux_pcie_stats(crux_pcie_t *p, unsigned link, struct crux_pcie_stats *out)
     return 0;
 }
 
+int crux_pcie_peek(const crux_pcie_t *p, unsigned link, int *holder)
+{
+    if (holder != NULL)
+        *holder = 0;
+    if (p == NULL || link >= p->nlinks)
+        return -1;
+    const struct crux_pcie_link *l = &p->links[link];
+    if (holder != NULL) {
+        int32_t pid = atomic_load_explicit((const _Atomic int32_t *)&l->holder_pid,
+                                           memory_order_relaxed);
+        *holder = pid == 0 ? 0 : pid == self_pid() ? 1 : 2;
+    }
+    /* one shared load when nobody waits: the uncontended holder's every post comes here */
+    if (atomic_load_explicit((const _Atomic uint32_t *)&l->nwaiters, memory_order_relaxed) == 0)
+        return -1;
+    int top = -1;
+    for (int i = 0; i < CRUX_PCIE_QUEUE; i++) {
+        const struct crux_pcie_waiter *w = &l->queue[i];
+        if (atomic_load_explicit((const _Atomic int32_t *)&w->pid, memory_order_relaxed) == 0)
+            continue;
+        int lv = (int)atomic_load_explicit((const _Atomic uint32_t *)&w->level,
+                                           memory_order_relaxed);
+        if (lv > top && lv < CRUX_PCIE_LEVELS)
+            top = lv;
+    }
+    return top;
+}
+
 int crux_pcie__test_lock_internal(crux_pcie_t *p, unsigned link)
 {
     struct crux_pcie_link *l = get_link(p, link);

@@ -132,6 +132,12 @@ int crux_pcie_release(crux_pcie_t *p, unsigned link);
 /* Snapshot of one link (purges dead pids first). 0 or a negative errno. */
 int crux_pcie_stats(crux_pcie_t *p, unsigned link, struct crux_pcie_stats *out);
 
+/* Lock-free look for a holder's fast path (the wrapper's gate, crux_gate.c): the highest level
+ * queued on `link`, -1 when nobody is queued (or the link is bad); *holder, when not NULL, gets
+ * 0 (free), 1 (this process holds it) or 2 (another process does). Read without the link mutex,
+ * so it may be stale by the time the caller acts: a hint, never a grant. Purges nothing. */
+int crux_pcie_peek(const crux_pcie_t *p, unsigned link, int *holder);
+
 /* Test hook: lock the link's internal mutex and return without unlocking, so a test can kill
  * the process while it holds it. Never call it otherwise. */
 int crux_pcie__test_lock_internal(crux_pcie_t *p, unsigned link);

@@ -58,4 +58,8 @@ int crux_qps_add(void *base, const struct crux_qps_record *rec);
 /* Free the record of `qpn` on `device` if there is one (ibv_destroy_qp). Single writer. */
 void crux_qps_remove(void *base, uint32_t qpn, const char *device);
 
+/* The live QP `qpn` on `device` now sends from `sport` (an mlx5 re-path, crux_repath.h).
+ * Single writer. */
+void crux_qps_repath(void *base, uint32_t qpn, const char *device, uint16_t sport);
+
 #endif /* CRUX_SHIM_H */

@@ -38,6 +38,7 @@
 #define CRUX_ENTRY_FREE 0
 #define CRUX_ENTRY_LIVE 1
 #define CRUX_ENTRY_JOB_WIDE 0x1u  /* entry.flags: peer is all zero, the job's defaults */
+#define CRUX_TCP_SPORTS 8         /* entry.tcp_sports slots */
 
 /* How often a reader retries an entry the writer keeps changing before it gives up (fail
  * open). The writer holds an entry odd for about a microsecond, so this is generous. */
@@ -73,7 +74,13 @@ struct crux_table_entry {
     uint8_t peer[16];       /* IPv6, or IPv4-mapped ::ffff:a.b.c.d; all zero = job-wide entry */
     char job_id[CRUX_JOB_ID_LEN]; /* NUL-padded UTF-8 */
     uint64_t plan_generation;     /* plan this entry came from */
-    uint8_t reserved[24];
+    /* TCP (the socket interposer, crux_sock.c): the destination port the source ports below
+     * were probed for, 0 = none; a connect to another port gets only the traffic class. */
+    uint16_t tcp_dport;
+    /* Probed TCP source ports toward this peer on the chosen path; unused slots 0. A set, not
+     * one port: a job opens several sockets to a peer and a 4-tuple can be used only once. */
+    uint16_t tcp_sports[CRUX_TCP_SPORTS];
+    uint8_t reserved[6];
 };
 
 #define CRUX__CHECK(type, field, off, size)                                              \
@@ -105,7 +112,9 @@ CRUX__CHECK(crux_table_entry, reserved0, 12, 4);
 CRUX__CHECK(crux_table_entry, peer, 16, 16);
 CRUX__CHECK(crux_table_entry, job_id, 32, 64);
 CRUX__CHECK(crux_table_entry, plan_generation, 96, 8);
-CRUX__CHECK(crux_table_entry, reserved, 104, 24);
+CRUX__CHECK(crux_table_entry, tcp_dport, 104, 2);
+CRUX__CHECK(crux_table_entry, tcp_sports, 106, 16);
+CRUX__CHECK(crux_table_entry, reserved, 122, 6);
 _Static_assert(sizeof(struct crux_table_entry) == CRUX_TABLE_ENTRY_SIZE, "entry size");
 _Static_assert(offsetof(struct crux_table_entry, peer) == 4 * 4, "peer is words 4..7");
 _Static_assert(offsetof(struct crux_table_entry, job_id) == 8 * 4, "job_id from word 8");

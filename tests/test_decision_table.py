@@ -98,6 +98,26 @@ def test_golden_entries() -> None:
     assert unpack_entry(pack_entry(None, seq=9)) == (9, None)
 
 
+@little_endian
+def test_golden_tcp_ports() -> None:
+    """tcp_dport at 104, tcp_sports[8] at 106 (unused slots 0), 6 reserved bytes at 122."""
+    d = Decision("j", "10.1.2.3", 1, 46, 184, 0, 7, tcp_dport=29500,
+                 tcp_sports=(40001, 40002, 65535))
+    raw = pack_entry(d, seq=2)
+    assert raw[:104] == pack_entry(Decision("j", "10.1.2.3", 1, 46, 184, 0, 7), seq=2)[:104]
+    assert raw[104:] == bytes.fromhex("3c73 419c 429c ffff 0000 0000 0000 0000 0000") + bytes(6)
+    assert unpack_entry(raw) == (2, d)
+    full = Decision("j", None, 0, 0, 0, 0, 0, 1, tuple(range(1, 9)))
+    assert pack_entry(full)[106:122] == b"".join(i.to_bytes(2, "little") for i in range(1, 9))
+    # a C writer may leave a hole: zeros are unused slots wherever they are
+    holey = bytearray(raw)
+    holey[106:108] = bytes(2)
+    assert unpack_entry(bytes(holey))[1] == Decision(
+        "j", "10.1.2.3", 1, 46, 184, 0, 7, tcp_dport=29500, tcp_sports=(40002, 65535))
+    # an old reader's view: these bytes were reserved, and an entry without ports keeps them 0
+    assert pack_entry(Decision("j", None, 0, 0, 0, 0, 0))[104:] == bytes(24)
+
+
 def test_c_reads_python_table(tmp_path: Path, cbin: dict[str, Path]) -> None:
     path = tmp_path / "t"
     with TableWriter.open(path, capacity=8) as w:
@@ -262,12 +282,28 @@ def test_incompatible_table_is_replaced_and_retired(tmp_path: Path) -> None:
     ({"level": -1}, "level must be in 0..255"), ({"peer": "::"}, "use peer=None"),
     ({"peer": "10.0.0.256"}, "peer must be an IPv4 or IPv6 address, got '10.0.0.256'"),
     ({"peer": "fe80::1%eth0"}, "scoped"),
+    ({"tcp_dport": 65536}, r"tcp_dport must be in 0\.\.65535"),
+    ({"tcp_dport": 1, "tcp_sports": tuple(range(1, 10))}, "at most 8 ports, got 9"),
+    ({"tcp_dport": 1, "tcp_sports": (0,)}, r"in 1\.\.65535, got 0"),
+    ({"tcp_dport": 1, "tcp_sports": (70000,)}, r"tcp_sports port must be in 0\.\.65535"),
+    ({"tcp_dport": 1, "tcp_sports": (5, 5)}, r"must not repeat a port, got \[5, 5\]"),
+    ({"tcp_sports": (5,)}, "needs the tcp_dport they were probed for"),
 ])
 def test_decision_validation(kwargs: dict[str, object], msg: str) -> None:
     fields: dict[str, object] = {"job_id": "j", "peer": None, "level": 0, "dscp": 0,
                                  "traffic_class": 0, "sport": 0, "plan_generation": 0}
     with pytest.raises(ValueError, match=msg):
         Decision(**{**fields, **kwargs})
+
+
+def test_decision_tcp_ports_types() -> None:
+    assert Decision("j", None, 0, 0, 0, 0, 0, 80, [1, 2]).tcp_sports == (1, 2)  # list -> tuple
+    with pytest.raises(TypeError, match="tcp_sports must be a tuple of ints, got set"):
+        Decision("j", None, 0, 0, 0, 0, 0, 80, {1, 2})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tcp_sports port must be an int, got bool"):
+        Decision("j", None, 0, 0, 0, 0, 0, 80, (True,))
+    with pytest.raises(TypeError, match="tcp_dport must be an int, got str"):
+        Decision("j", None, 0, 0, 0, 0, 0, "80")  # type: ignore[arg-type]
 
 
 def test_reader_rejects_bad_files(tmp_path: Path) -> None:
@@ -307,8 +343,20 @@ _jobs = st.sampled_from(["a", "jöb", "x" * 63]) | st.text(
     st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=15)
 _peers = st.none() | st.ip_addresses().filter(
     lambda a: not (getattr(a, "ipv4_mapped", None) or a).is_unspecified).map(str)
-_decisions = st.builds(Decision, _jobs, _peers, st.integers(0, 255), st.integers(0, 63),
-                       st.integers(0, 255), st.integers(0, 65535), st.integers(0, 2**64 - 1))
+_tcp = st.just((0, ())) | st.tuples(
+    st.integers(1, 65535),
+    st.lists(st.integers(1, 65535), max_size=8, unique=True).map(tuple))
+_decisions = st.builds(lambda job, peer, lvl, dscp, tc, sport, plan, tcp: Decision(
+    job, peer, lvl, dscp, tc, sport, plan, *tcp),
+    _jobs, _peers, st.integers(0, 255), st.integers(0, 63), st.integers(0, 255),
+    st.integers(0, 65535), st.integers(0, 2**64 - 1), _tcp)
+
+
+@given(_decisions, st.integers(0, 2**32 - 1))
+def test_entry_round_trip(d: Decision, seq: int) -> None:
+    raw = pack_entry(d, seq)
+    assert len(raw) == 128 and unpack_entry(raw) == (seq, d)
+    assert raw[122:] == bytes(6)  # reserved stays zero
 
 
 def test_apply_then_read_back_is_the_set(tmp_path: Path) -> None:

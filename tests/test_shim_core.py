@@ -143,7 +143,8 @@ def test_wrapper_exports_and_nccl_style_loading(tmp_path: Path) -> None:
     syms = subprocess.run(["objdump", "-T", str(lib)], capture_output=True, text=True).stdout
     exported = sorted(line.split()[-1] for line in syms.splitlines()
                       if " DF .text" in line and "IBVERBS_1.1" in line)
-    assert exported == ["ibv_destroy_qp", "ibv_modify_qp"]
+    # modify/destroy for decisions; create/close for the PCIe gate (crux_gate.h)
+    assert exported == ["ibv_close_device", "ibv_create_qp", "ibv_destroy_qp", "ibv_modify_qp"]
     prog = build(tmp_path, "rc_pair_nccl", ["tests/c/rc_pair.c"])
     # It resolves every symbol NCCL resolves through the wrapper's handle first, then needs
     # devices: on a host without RDMA getting that far is the proof the loading works.
@@ -151,3 +152,18 @@ def test_wrapper_exports_and_nccl_style_loading(tmp_path: Path) -> None:
                        capture_output=True, text=True)
     assert "dlvsym" not in r.stderr and "dlopen" not in r.stderr, r.stderr
     assert r.returncode == 0 or "no RDMA device" in r.stderr
+
+
+def test_hostile_records_files_are_reported_not_followed(tmp_path: Path) -> None:
+    """The records directory is writable by every job: a link, a FIFO or an oversized file is
+    a problem to report, never something to follow, block on, or read whole."""
+    d = tmp_path / "qps"
+    d.mkdir()
+    (d / "101").symlink_to("/dev/zero")
+    os.mkfifo(d / "102")
+    with open(d / "103", "wb") as f:  # sparse: a header claiming more than the shim writes
+        f.truncate(64 << 20)
+    live, problems = read_dir(d)
+    assert live == []
+    assert sorted(p.split(":")[0].rsplit("/", 1)[1] for p in problems) == ["101", "102", "103"]
+    assert any("not a regular file" in p for p in problems)

@@ -10,6 +10,7 @@ file is skipped with a reason, never trusted.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ RECORD_SIZE = 128
 OUTCOMES = ("applied", "no-job", "no-table", "bad-table", "no-entry", "not-global",
             "sport-range", "records-full")
 READ_TRIES = 1024
+CAPACITY = 1024  # CRUX_QPS_CAPACITY: the shim's files are exactly this big
+MAX_FILE = HEADER_SIZE + CAPACITY * RECORD_SIZE
 
 _HEADER = struct.Struct("<QIIIIII8Q64sQ24x")
 _RECORD = struct.Struct("<IBBBBIIIIHBBBB2x16s32sQQQ24x")
@@ -121,6 +124,19 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def read_file(path: Path) -> bytes:
+    """One records file's bytes, read without trusting it: the directory is writable by every
+    job, so a name may be a link (to /dev/zero, say), a FIFO or a huge file. No links, regular
+    files only, never blocking, at most the size the shim writes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RecordsError("not a regular file")
+        return os.pread(fd, MAX_FILE, 0)
+    finally:
+        os.close(fd)
+
+
 def read_dir(path: str | os.PathLike[str], *, prune: bool = False
              ) -> tuple[list[ProcessRecords], list[str]]:
     """(records of live processes, problems). With prune, files of processes that are gone
@@ -129,12 +145,14 @@ def read_dir(path: str | os.PathLike[str], *, prune: bool = False
     problems: list[str] = []
     root = Path(path)
     try:
-        names = sorted(p for p in root.iterdir() if p.name.isdigit())
+        # `<pid>` only: the TCP interposer's `sock-<pid>` files share the directory
+        # (transport/sock_records.py); isascii, as str.isdigit also takes "²", which int() refuses
+        names = sorted(p for p in root.iterdir() if p.name.isascii() and p.name.isdigit())
     except FileNotFoundError:
         return out, problems
     for p in names:
         try:
-            rec = parse(p.read_bytes())
+            rec = parse(read_file(p))
         except (OSError, RecordsError) as exc:
             problems.append(f"{p}: {exc}")
             continue

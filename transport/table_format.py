@@ -23,6 +23,7 @@ JOB_ID_LEN = 64  # NUL-padded, so ids are at most 63 bytes
 RETIRED = 0x1  # header flags: the writer replaced this file; reopen the path
 JOB_WIDE = 0x1  # entry flags: peer is all zero
 READ_TRIES = 1024  # seqlock retries before a reader gives up on an entry (fails open)
+TCP_SPORTS = 8  # entry.tcp_sports slots (CRUX_TCP_SPORTS)
 
 # (name, offset, struct code) exactly as in crux_table.h; "x" codes are reserved bytes.
 _HEADER_FIELDS = [
@@ -35,7 +36,7 @@ _ENTRY_FIELDS = [
     ("seq", 0, "I"), ("state", 4, "B"), ("level", 5, "B"), ("dscp", 6, "B"),
     ("traffic_class", 7, "B"), ("sport", 8, "H"), ("flags", 10, "H"), ("reserved0", 12, "4x"),
     ("peer", 16, "16s"), ("job_id", 32, "64s"), ("plan_generation", 96, "Q"),
-    ("reserved", 104, "24x"),
+    ("tcp_dport", 104, "H"), ("tcp_sports", 106, f"{TCP_SPORTS}H"), ("reserved", 122, "6x"),
 ]
 
 
@@ -91,6 +92,10 @@ class Decision:
     traffic_class: int
     sport: int
     plan_generation: int
+    # TCP (the socket interposer): the destination port tcp_sports were probed for (0: none),
+    # and the probed source ports toward this peer, used in turn by a job's sockets to it.
+    tcp_dport: int = 0
+    tcp_sports: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str):
@@ -101,14 +106,34 @@ class Decision:
             raise ValueError(f"job_id must be at most {JOB_ID_LEN - 1} UTF-8 bytes without NUL, "
                              f"got {self.job_id!r}")
         for name, top in (("level", 255), ("dscp", 63), ("traffic_class", 255),
-                          ("sport", 65535), ("plan_generation", 2**64 - 1)):
+                          ("sport", 65535), ("plan_generation", 2**64 - 1),
+                          ("tcp_dport", 65535)):
             check_uint(name, getattr(self, name), top)
+        object.__setattr__(self, "tcp_sports", _tcp_sports(self.tcp_sports, self.tcp_dport))
         if self.peer is not None:
             object.__setattr__(self, "peer", str(peer_address(self.peer)))
 
     @property
     def key(self) -> tuple[str, str | None]:
         return self.job_id, self.peer
+
+
+def _tcp_sports(ports: object, dport: int) -> tuple[int, ...]:
+    """The port set as a tuple (a list is accepted): at most TCP_SPORTS distinct ports in
+    1..65535, and only with a tcp_dport (the ports are probed for that destination port)."""
+    if not isinstance(ports, tuple | list):
+        raise TypeError(f"tcp_sports must be a tuple of ints, got {type(ports).__name__}")
+    if len(ports) > TCP_SPORTS:
+        raise ValueError(f"tcp_sports holds at most {TCP_SPORTS} ports, got {len(ports)}")
+    for p in ports:
+        check_uint("tcp_sports port", p, 65535)
+        if p == 0:
+            raise ValueError("tcp_sports ports must be in 1..65535, got 0")
+    if len(set(ports)) != len(ports):
+        raise ValueError(f"tcp_sports must not repeat a port, got {list(ports)}")
+    if ports and dport == 0:
+        raise ValueError("tcp_sports needs the tcp_dport they were probed for, got 0")
+    return tuple(ports)
 
 
 def peer_address(text: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -193,14 +218,16 @@ def pack_entry(d: Decision | None, seq: int = 0) -> bytes:
     """The 128 bytes of an entry holding `d` (None: a free, all-zero entry) with this seq."""
     if d is None:
         return struct.pack("=I", seq) + bytes(ENTRY_SIZE - 4)
+    sports = d.tcp_sports + (0,) * (TCP_SPORTS - len(d.tcp_sports))
     return _ENTRY.pack(seq, 1, d.level, d.dscp, d.traffic_class, d.sport,
                        JOB_WIDE if d.peer is None else 0, peer_bytes(d.peer),
-                       d.job_id.encode(), d.plan_generation)
+                       d.job_id.encode(), d.plan_generation, d.tcp_dport, *sports)
 
 
 def unpack_entry(data: bytes) -> tuple[int, Decision | None]:
     """(seq, decision), decision None for a free entry; ValueError if the entry is garbage."""
-    seq, state, level, dscp, tc, sport, _flags, peer, job, plan = _ENTRY.unpack_from(data)
+    seq, state, level, dscp, tc, sport, _flags, peer, job, plan, dport, *sports = (
+        _ENTRY.unpack_from(data))
     if state == 0:
         return seq, None
     if state != 1:
@@ -210,7 +237,8 @@ def unpack_entry(data: bytes) -> tuple[int, Decision | None]:
         job_id = job.split(b"\0", 1)[0].decode()
     except UnicodeDecodeError:
         raise ValueError("job_id is not UTF-8") from None
-    return seq, Decision(job_id, addr, level, dscp, tc, sport, plan)
+    ports = tuple(p for p in sports if p)  # 0 marks an unused slot, wherever it is
+    return seq, Decision(job_id, addr, level, dscp, tc, sport, plan, dport, ports)
 
 
 def open_fd(path: Path, flags: int) -> int:

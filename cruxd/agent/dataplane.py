@@ -2,7 +2,8 @@
 
 Both live next to the decision table in the runtime directory (/run/crux): `qps/`, where each
 job process's shim records the QPs it connected (transport/qp_records.py), and `pcie`, one
-priority semaphore per PCIe switch shared by a GPU and a NIC (transport/pcie.py). Everything
+priority semaphore per PCIe switch shared by a GPU and a NIC (transport/pcie.py), with
+`pcie-links`, which RDMA device crosses which of them (transport/pcie_links.py). Everything
 here fails open: a problem is logged and reported, and the jobs run without it.
 """
 
@@ -12,10 +13,14 @@ import logging
 import os
 from pathlib import Path
 
+from cruxd.agent.nic_tc import tc_overrides, winning_class
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from transport.decision_table import TableError, TableReader
-from transport.pcie import PcieLockError, PcieLocks, shared_links
+from transport.pcie import PcieLockError, PcieLocks, PcieSwitch, shared_links
+from transport.pcie_links import LinkMap, LinkMapError, device_links, write_map
 from transport.qp_records import ProcessRecords, classify, read_dir
+from transport.sock_records import by_job
+from transport.sock_records import read_dir as read_sock_dir
 
 LOG = logging.getLogger("cruxd.agent")
 
@@ -25,6 +30,7 @@ class DataPlane:
         self.table_path = table_path
         self.qp_dir = table_path.parent / "qps"
         self.pcie_path = table_path.parent / "pcie"
+        self.pcie_map_path = table_path.parent / "pcie-links"  # device -> link, for the shims
         self.sysfs_root = sysfs_root
         self.pcie_links = 0
         self.problems: list[str] = []
@@ -37,6 +43,10 @@ class DataPlane:
             LOG.warning("QP records directory %s: %s (jobs run unrecorded)", self.qp_dir, exc)
         links = shared_links(self.sysfs_root)
         if not links:
+            try:  # a stale map would gate on links this host does not have
+                self.pcie_map_path.unlink(missing_ok=True)
+            except OSError as exc:
+                LOG.warning("PCIe link map %s: %s", self.pcie_map_path, exc)
             return
         try:  # a restarted agent keeps a matching file: jobs hold it mapped, maybe locked
             kept = PcieLocks.open(self.pcie_path)
@@ -51,14 +61,30 @@ class DataPlane:
             LOG.info("PCIe semaphores: %d shared link(s) in %s", len(links), self.pcie_path)
         except PcieLockError as exc:
             LOG.warning("PCIe semaphores unavailable (jobs run without them): %s", exc)
+            return
+        self._write_link_map(links)
+
+    def _write_link_map(self, links: list[PcieSwitch]) -> None:
+        """Tell the jobs' shims which link each RDMA device's traffic crosses."""
+        devices = device_links(self.sysfs_root, links)
+        try:
+            write_map(self.pcie_map_path, LinkMap(len(links), tuple(devices)))
+            LOG.info("PCIe link map: %d RDMA device(s) in %s", len(devices), self.pcie_map_path)
+        except (OSError, LinkMapError) as exc:
+            LOG.warning("PCIe link map %s: %s (jobs run ungated)", self.pcie_map_path, exc)
 
     def records(self) -> list[ProcessRecords]:
         """The live job processes' QP records (the measurement reads which ports they use)."""
         return read_dir(self.qp_dir)[0]
 
+    def tc_overrides(self) -> list[apb.NicTcOverride]:
+        """RDMA ports whose driver overrides every QP's traffic class."""
+        return [apb.NicTcOverride(port=o.port, traffic_class=o.traffic_class)
+                for o in tc_overrides(Path(self.sysfs_root))]
+
     def qp_status(self) -> list[apb.QpStatus]:
-        """The local jobs' QPs against the decisions in the table now; prunes the records
-        of processes that are gone."""
+        """The local jobs' QPs against the decisions in the table now, with the class each one's
+        packets carry; prunes the records of processes that are gone."""
         records, self.problems = read_dir(self.qp_dir, prune=True)
         for p in self.problems:
             LOG.debug("QP records: %s", p)
@@ -70,8 +96,27 @@ class DataPlane:
         except (OSError, TableError) as exc:
             LOG.warning("decision table %s: %s", self.table_path, exc)
             states = classify(records, lambda job, peer: None)
-        return [apb.QpStatus(pid=s.qp.pid, job_id=s.qp.job_id, device=s.qp.device,
-                             qpn=s.qp.qpn, peer=s.qp.peer, state=s.state, sport=s.qp.sport,
-                             traffic_class=s.qp.traffic_class, want_sport=s.want_sport,
-                             want_traffic_class=s.want_traffic_class, outcome=s.qp.outcome)
-                for s in states]
+        override = {o.port: o.traffic_class for o in self.tc_overrides()}
+        out = []
+        for s in states:
+            q = s.qp
+            wire, source = winning_class(override.get(f"{q.device}/{q.port}"),
+                                         q.outcome in ("applied", "sport-range"),
+                                         q.traffic_class, q.orig_traffic_class)
+            out.append(apb.QpStatus(
+                pid=q.pid, job_id=q.job_id, device=q.device, qpn=q.qpn, peer=q.peer,
+                state=s.state, sport=q.sport, traffic_class=q.traffic_class,
+                want_sport=s.want_sport, want_traffic_class=s.want_traffic_class,
+                outcome=q.outcome, orig_traffic_class=q.orig_traffic_class,
+                wire_traffic_class=wire, traffic_class_source=source))
+        return out
+
+    def sock_status(self) -> list[apb.SockStatus]:
+        """The TCP interposer's connect counters (`qps/sock-<pid>`), summed per job over live
+        processes; prunes the files of processes that are gone."""
+        records, problems = read_sock_dir(self.qp_dir, prune=True)
+        for p in problems:
+            LOG.debug("socket counters: %s", p)
+        return [apb.SockStatus(job_id=j.job_id, processes=j.processes, calls=j.calls,
+                               **{k.replace("-", "_"): v for k, v in j.counters.items()})
+                for j in by_job(records)]

@@ -50,6 +50,12 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
             console.print(_peers([(agent.host_id, agent.peers)], now))
         if agent.qps:
             console.print(_qps(agent.qps))
+        if agent.sock_connects:
+            console.print(_sock_connects(agent.sock_connects))
+        for o in agent.nic_tc_overrides:
+            console.print(f"  [red]NIC {o.port} overrides every QP's traffic class with "
+                          f"{o.traffic_class}[/] (sysfs tc/traffic_class): decided DSCPs do "
+                          "not reach the wire there")
         if agent.pcie_links:
             console.print(f"  PCIe semaphores: {agent.pcie_links} shared link(s)")
     if cluster is None:
@@ -125,15 +131,35 @@ def _qps(qps: list[Any]) -> Table:
     """The shims' QPs: what each got at connect against the decision now."""
     t = Table(title="QPs (from the shims)", title_justify="left")
     for col in ("job", "pid", "QP", "peer", "state", "got port / TC", "decided now",
-                "shim said"):
+                "shim said", "TC on the wire"):
         t.add_column(col)
     style = {"applied": "green", "pending": "yellow", "fail-open": "red"}
     for q in sorted(qps, key=lambda q: (q.job_id, q.pid, q.device, q.qpn)):
         got = f"{q.sport or 'NIC'} / {q.traffic_class}"
         want = f"{q.want_sport or 'NIC'} / {q.want_traffic_class}" if q.state != "fail-open" \
             else "-"
+        wire = f"{q.wire_traffic_class} ({q.traffic_class_source})"
+        if q.traffic_class_source == "nic-override":
+            wire = f"[red]{wire}[/]"
+        elif q.traffic_class_source == "crux" and q.orig_traffic_class not in (
+                0, q.wire_traffic_class):  # the program asked for its own (NCCL_IB_TC)
+            wire += f", job asked {q.orig_traffic_class}"
         t.add_row(q.job_id or "-", str(q.pid), f"{q.device}:{q.qpn}", q.peer,
-                  f"[{style.get(q.state, '')}]{q.state}[/]", got, want, q.outcome)
+                  f"[{style.get(q.state, '')}]{q.state}[/]", got, want, q.outcome, wire)
+    return t
+
+
+def _sock_connects(rows: list[Any]) -> Table:
+    """The TCP interposer's counted connects per job: steered, class only, or left alone."""
+    t = Table(title="TCP connects (from the socket interposer)", title_justify="left")
+    for col in ("job", "processes", "applied", "TOS only", "ports busy", "no job", "no table",
+                "bad table", "no entry"):
+        t.add_column(col)
+    for r in sorted(rows, key=lambda r: r.job_id):
+        t.add_row(r.job_id or "-", str(r.processes), f"[green]{r.applied}[/]", str(r.tos_only),
+                  f"[yellow]{r.ports_busy}[/]" if r.ports_busy else "0",
+                  *(f"[red]{n}[/]" if n else "0"
+                    for n in (r.no_job, r.no_table, r.bad_table, r.no_entry)))
     return t
 
 

@@ -1,0 +1,418 @@
+/*
+ * crux_sock.c - libcrux_sock.so, the TCP socket interposer, loaded into jobs with LD_PRELOAD.
+ *
+ * TCP collectives (NCCL's socket transport, gloo) are steered like RoCE QPs: ECMP hashes the
+ * 5-tuple, so the TCP source port picks the fabric path, and the TOS byte carries the level's
+ * DSCP. On connect() of a TCP socket (AF_INET or AF_INET6, IPv4-mapped included) the decision
+ * for ($CRUX_JOB_ID, peer address), else the job's job-wide entry, from the decision table
+ * (crux_table.h):
+ *   - sets IP_TOS / IPV6_TCLASS to the decided traffic class;
+ *   - if the socket is not bound yet and the connect goes to the entry's tcp_dport, binds the
+ *     next free port of the entry's probed tcp_sports (a per-process rotating start, so several
+ *     sockets to one peer spread over the set; a port in use is skipped).
+ * A source port only selects the probed path toward the destination port it was probed with,
+ * so any other destination port gets the traffic class alone.
+ *
+ * Model: cwrap's socket_wrapper. The real connect is resolved once (dlsym RTLD_NEXT under
+ * pthread_once); every internal problem falls through to it with the caller's errno intact;
+ * the table state sits under one mutex that pthread_atfork keeps consistent in a child. Fail
+ * open: no job id, no table, a bad table, no entry, busy ports - the connect goes ahead as the
+ * program made it, and a per-process counter (crux_sockrec.h) says why. Not counted, passed
+ * through: non-TCP sockets, other families, CRUX_SOCK=0, and connects on a socket that is
+ * already connecting, connected or listening (the kernel answers those).
+ *
+ * Environment: CRUX_JOB_ID, CRUX_DECISION_TABLE (default /run/crux/decisions), CRUX_QP_DIR
+ * (default: the table's directory + /qps), CRUX_SOCK=0 (off), CRUX_SHIM_LOG=1 (one stderr line
+ * per counted connect).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crux_sockrec.h"
+#include "crux_table.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define REOPEN_NS 1000000000ull /* look for a missing or bad table at most once a second */
+#define CACHE_SLOTS 16          /* lookups remembered per process, by peer */
+
+typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static connect_fn real_connect;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint rotation; /* per process: where the next socket starts in a port set */
+/* connect() is async-signal-safe, so a signal handler may call it while this thread holds the
+ * lock below: such a nested call passes through rather than deadlock. */
+static __thread int in_steer;
+
+/* A job opens several sockets to each of a few peers, and a lookup scans the whole table (200
+ * ns at 64 entries, 1.4 us at 1024), so the answer per peer is kept until the table's
+ * generation moves (docs/decision-table.md allows that) or the table is reopened. Under the
+ * lock. */
+static struct cached {
+    int used, found;     /* found: crux_table_decision's result, -1 none */
+    uint64_t generation; /* read before the lookup: a batch after it moves it again */
+    uint8_t peer[16];
+    struct crux_table_entry e;
+} cache[CACHE_SLOTS];
+static struct {
+    int off, log;
+    const void *table;     /* read-only mapping, NULL when none */
+    size_t table_len;
+    int table_missing;     /* 1: no file at all (NO_TABLE), 0: a file, maybe bad */
+    uint64_t next_open_ns; /* earliest time to look for the table again */
+    struct crux_sockrec *rec; /* this process's counters, NULL until the first counted call */
+    int rec_failed;
+    char job[CRUX_JOB_ID_LEN];
+    char table_path[4096];
+    char rec_dir[4096];
+} st;
+
+static const char *const outcome_names[CRUX_SOCK_OUT_COUNT] = {
+    "applied", "tos-only", "no-job", "no-table", "bad-table", "no-entry", "ports-busy",
+};
+
+static const char *env_or(const char *name, const char *dflt)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : dflt;
+}
+
+/* fork(): another thread may hold the lock at that instant; holding it across the fork keeps
+ * the child's copy consistent. The child counts in a file of its own, made on first use. */
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&lock);
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&lock);
+}
+
+static void atfork_child(void)
+{
+    if (st.rec != NULL)
+        munmap(st.rec, CRUX_SOCKREC_SIZE); /* the parent's counters, not ours */
+    st.rec = NULL;
+    st.rec_failed = 0;
+    pthread_mutex_unlock(&lock);
+}
+
+static void init_once(void)
+{
+    real_connect = (connect_fn)dlsym(RTLD_NEXT, "connect");
+    st.off = strcmp(env_or("CRUX_SOCK", "1"), "0") == 0;
+    const char *job = env_or("CRUX_JOB_ID", "");
+    if (strlen(job) < sizeof st.job) /* a longer id cannot be in the table: NO_JOB */
+        strcpy(st.job, job);
+    snprintf(st.table_path, sizeof st.table_path, "%s",
+             env_or("CRUX_DECISION_TABLE", CRUX_TABLE_DEFAULT_PATH));
+    const char *dir = getenv("CRUX_QP_DIR");
+    if (dir != NULL && dir[0] != '\0') {
+        snprintf(st.rec_dir, sizeof st.rec_dir, "%s", dir);
+    } else { /* the same rule as the verbs shim (crux_ibverbs.c) */
+        const char *slash = strrchr(st.table_path, '/');
+        int n = slash == NULL ? 1 : (int)(slash - st.table_path);
+        snprintf(st.rec_dir, sizeof st.rec_dir, "%.*s/qps", n,
+                 slash == NULL ? "." : st.table_path);
+    }
+    st.log = env_or("CRUX_SHIM_LOG", "0")[0] == '1';
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+static uint64_t now_ns(clockid_t clock)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void table_open(void)
+{
+    static const char empty[1];
+    int fd = open(st.table_path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    st.table_missing = 1;
+    if (fd < 0)
+        return;
+    if (fstat(fd, &sb) == 0) {
+        st.table_missing = 0;
+        st.table = empty; /* an empty file is a bad table, not a missing one */
+        if (sb.st_size > 0) {
+            void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+            if (p != MAP_FAILED) {
+                st.table = p;
+                st.table_len = (size_t)sb.st_size;
+            }
+        }
+    }
+    close(fd);
+}
+
+/* Keep the mapping current (under the lock): reopen a retired table at once (the writer
+ * replaced it), and look again for a missing or unusable one at most once a second. */
+static void table_refresh(void)
+{
+    int usable = st.table != NULL && crux_table_validate(st.table, st.table_len) == 0;
+    if (usable && !crux_table_retired(st.table))
+        return;
+    uint64_t now = now_ns(CLOCK_MONOTONIC_COARSE);
+    if (usable || now >= st.next_open_ns) {
+        if (st.table != NULL && st.table_len > 0)
+            munmap((void *)st.table, st.table_len);
+        st.table = NULL;
+        st.table_len = 0;
+        /* another file: its generation says nothing about what we remember */
+        memset(cache, 0, sizeof cache);
+        table_open();
+        st.next_open_ns = now + REOPEN_NS;
+    }
+}
+
+/* This process's counters (under the lock), made on first use; NULL if they cannot be (no
+ * agent directory): the job runs, uncounted. */
+static struct crux_sockrec *rec_file(void)
+{
+    if (st.rec != NULL || st.rec_failed)
+        return st.rec;
+    char path[4200];
+    pid_t pid = getpid();
+    snprintf(path, sizeof path, "%s/" CRUX_SOCKREC_PREFIX "%d", st.rec_dir, (int)pid);
+    /* O_NOFOLLOW: the directory is world-writable, a planted link must not aim our writes.
+     * O_NONBLOCK: nor may a planted FIFO hang the connect. fchmod: exact mode, any umask. */
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    struct stat sb;
+    void *p = MAP_FAILED;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && fchmod(fd, 0644) == 0
+        && ftruncate(fd, CRUX_SOCKREC_SIZE) == 0)
+        p = mmap(NULL, CRUX_SOCKREC_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0)
+        close(fd);
+    if (p == MAP_FAILED) {
+        st.rec_failed = 1;
+        if (st.log)
+            fprintf(stderr, "crux-sock: cannot count connects in %s: %s\n", path,
+                    strerror(errno));
+        return NULL;
+    }
+    struct crux_sockrec *r = p; /* a fresh file: all zero */
+    r->version = CRUX_SOCKREC_VERSION;
+    r->size = CRUX_SOCKREC_SIZE;
+    r->pid = (uint32_t)pid;
+    r->outcomes = CRUX_SOCK_OUT_COUNT;
+    memcpy(r->job_id, st.job, sizeof r->job_id); /* NUL-padded: st.job is zero-filled */
+    r->created_ns = now_ns(CLOCK_REALTIME_COARSE);
+    /* The magic last: a reader that sees it sees a complete header. */
+    atomic_store_explicit((_Atomic uint64_t *)&r->magic, CRUX_SOCKREC_MAGIC,
+                          memory_order_release);
+    st.rec = r;
+    return r;
+}
+
+/* crux_table_decision through the cache (under the lock, on a validated table). */
+static int decision(const uint8_t peer[16], struct crux_table_entry *e)
+{
+    uint32_t w[4];
+    memcpy(w, peer, 16);
+    struct cached *c = &cache[(w[0] ^ w[1] ^ w[2] ^ w[3] ^ (w[3] >> 16)) % CACHE_SLOTS];
+    uint64_t gen = crux_table_generation(st.table);
+    if (!c->used || c->generation != gen || memcmp(c->peer, peer, 16) != 0) {
+        c->found = crux_table_decision(st.table, st.table_len, st.job, peer, &c->e);
+        c->generation = gen;
+        memcpy(c->peer, peer, 16);
+        c->used = 1;
+    }
+    *e = c->e;
+    return c->found;
+}
+
+static void count(struct crux_sockrec *r, int outcome)
+{
+    if (r == NULL)
+        return;
+    atomic_fetch_add_explicit((_Atomic uint64_t *)&r->counters[outcome], 1,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit((_Atomic uint64_t *)&r->calls, 1, memory_order_relaxed);
+}
+
+static uint16_t local_port(const struct sockaddr_storage *ss, int *wildcard)
+{
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        *wildcard = a->sin_addr.s_addr == htonl(INADDR_ANY);
+        return ntohs(a->sin_port);
+    }
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+    *wildcard = IN6_IS_ADDR_UNSPECIFIED(&a->sin6_addr);
+    return ntohs(a->sin6_port);
+}
+
+/* Bind the next free port of the set, in the socket's own family on its wildcard address, as
+ * the kernel's autobind would. No SO_REUSEADDR: with it a port held by another connection to
+ * the same peer would bind and the connect would then fail (EADDRNOTAVAIL); without it such a
+ * port fails here with EADDRINUSE and we take the next. 0 if none bound. */
+static uint16_t bind_from(int fd, int family, const uint16_t *ports, unsigned n)
+{
+    unsigned start = atomic_fetch_add_explicit(&rotation, 1, memory_order_relaxed) % n;
+    for (unsigned i = 0; i < n; i++) {
+        uint16_t port = ports[(start + i) % n];
+        int rc;
+        if (family == AF_INET) {
+            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+            a.sin_addr.s_addr = htonl(INADDR_ANY);
+            rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+        } else {
+            struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons(port)};
+            a.sin6_addr = in6addr_any;
+            rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+        }
+        if (rc == 0)
+            return port;
+        if (errno == EINVAL)
+            return 0; /* bound meanwhile (another thread): nothing more to try */
+    }
+    return 0;
+}
+
+static void set_class(int fd, int family, int v4mapped, int tc)
+{
+    /* An AF_INET6 socket talking to an IPv4-mapped peer sends IPv4: IP_TOS marks those. */
+    if (family == AF_INET || v4mapped)
+        setsockopt(fd, IPPROTO_IP, IP_TOS, &tc, sizeof tc);
+    if (family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_TCLASS, &tc, sizeof tc);
+}
+
+static void log_line(int fd, const uint8_t peer[16], uint16_t dport,
+                     const struct crux_sock_steered *o)
+{
+    char text[INET6_ADDRSTRLEN] = "?";
+    if (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)peer))
+        inet_ntop(AF_INET, peer + 12, text, sizeof text);
+    else
+        inet_ntop(AF_INET6, peer, text, sizeof text);
+    fprintf(stderr, "crux-sock: pid %d fd %d -> %s port %u job '%s': %s, sport %u, tos %d\n",
+            (int)getpid(), fd, text, dport, st.job, outcome_names[o->outcome], o->sport,
+            o->traffic_class);
+}
+
+/* Everything the interposer does before the real connect (crux_sockrec.h). */
+EXPORT int crux_sock_steer(int fd, const struct sockaddr *addr, socklen_t len,
+                           struct crux_sock_steered *o)
+{
+    uint8_t peer[16] = {0};
+    uint16_t dport;
+    o->outcome = o->traffic_class = -1;
+    o->sport = 0;
+    pthread_once(&once, init_once);
+    if (st.off || addr == NULL || in_steer)
+        return 0;
+    if (addr->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)addr;
+        peer[10] = peer[11] = 0xff; /* ::ffff:a.b.c.d, the table's form */
+        memcpy(peer + 12, &a->sin_addr, 4);
+        dport = ntohs(a->sin_port);
+    } else if (addr->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)addr;
+        memcpy(peer, &a->sin6_addr, 16);
+        dport = ntohs(a->sin6_port);
+    } else {
+        return 0;
+    }
+    int proto = 0;
+    socklen_t plen = sizeof proto;
+    if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &plen) != 0 || proto != IPPROTO_TCP)
+        return 0;
+    struct sockaddr_storage self;
+    socklen_t slen = sizeof self;
+    if (getsockname(fd, (struct sockaddr *)&self, &slen) != 0
+        || (self.ss_family != AF_INET && self.ss_family != AF_INET6))
+        return 0;
+    int wildcard = 0;
+    uint16_t bound_port = local_port(&self, &wildcard);
+    int bound = bound_port != 0 || !wildcard;
+    if (bound) {
+        /* A second connect on a connecting or connected socket (nonblocking programs poll
+         * like that), or one on a listener: not a new connection, leave it to the kernel.
+         * tcpi_state is TCP_INFO's first byte, so a 1-byte read is enough. */
+        uint8_t state = 0;
+        socklen_t one = 1;
+        if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &state, &one) != 0 || state != TCP_CLOSE)
+            return 0;
+    }
+
+    struct crux_table_entry e;
+    int found = -1;
+    in_steer = 1;
+    pthread_mutex_lock(&lock);
+    if (st.job[0] == '\0') {
+        o->outcome = CRUX_SOCK_NO_JOB;
+    } else {
+        table_refresh();
+        if (st.table_missing)
+            o->outcome = CRUX_SOCK_NO_TABLE;
+        else if (crux_table_validate(st.table, st.table_len) != 0)
+            o->outcome = CRUX_SOCK_BAD_TABLE;
+        else if ((found = decision(peer, &e)) < 0)
+            o->outcome = CRUX_SOCK_NO_ENTRY;
+    }
+    struct crux_sockrec *rec = rec_file();
+    pthread_mutex_unlock(&lock);
+    in_steer = 0;
+
+    if (found >= 0) {
+        int v4mapped = IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)peer);
+        o->traffic_class = e.traffic_class;
+        set_class(fd, self.ss_family, v4mapped, e.traffic_class);
+        uint16_t ports[CRUX_TCP_SPORTS];
+        unsigned n = 0, mine = 0;
+        for (int i = 0; i < CRUX_TCP_SPORTS; i++) {
+            if (e.tcp_sports[i] != 0) {
+                ports[n++] = e.tcp_sports[i];
+                mine |= e.tcp_sports[i] == bound_port;
+            }
+        }
+        int probed = n > 0 && e.tcp_dport != 0 && e.tcp_dport == dport;
+        if (!probed) {
+            o->outcome = CRUX_SOCK_TOS_ONLY;
+        } else if (bound) { /* e.g. a retry on a socket we bound before a refused connect */
+            o->outcome = mine ? CRUX_SOCK_APPLIED : CRUX_SOCK_TOS_ONLY;
+            o->sport = mine ? bound_port : 0;
+        } else {
+            o->sport = bind_from(fd, self.ss_family, ports, n);
+            o->outcome = o->sport != 0 ? CRUX_SOCK_APPLIED : CRUX_SOCK_PORTS_BUSY;
+        }
+    }
+    count(rec, o->outcome);
+    if (st.log)
+        log_line(fd, peer, dport, o);
+    return 0;
+}
+
+EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+    int saved = errno; /* the program sees the real connect's errno, never ours */
+    struct crux_sock_steered o;
+    crux_sock_steer(fd, addr, len, &o);
+    errno = saved;
+    if (real_connect == NULL) /* no next definition: call the kernel ourselves */
+        return (int)syscall(SYS_connect, fd, addr, len);
+    return real_connect(fd, addr, len);
+}

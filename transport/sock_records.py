@@ -1,0 +1,123 @@
+"""The TCP interposer's per-process connect counters (layout: shim/crux_sockrec.h).
+
+libcrux_sock.so counts every TCP connect it intercepts, by outcome, in `<qp dir>/sock-<pid>`,
+beside the verbs shim's QP records (transport/qp_records.py). The agent sums them per job for
+`cruxctl status` and removes the files of processes that are gone.
+
+The directory is world-writable and a job may be hostile: a file is opened without following
+links and without blocking (a planted FIFO), must be a regular file, and only its first
+SIZE bytes are read, with read(2): never mmap, which a job truncating its file would turn into
+SIGBUS in the agent. Every size in it is checked against the constants here. Counters are
+read without a lock: each is a monotonic u64, and a count that is one behind is harmless.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from transport.qp_records import _alive
+
+MAGIC = 0x314B4F5358555243  # b"CRUXSOK1" as a little-endian u64
+VERSION = 1
+SIZE = 256
+COUNTERS = 16
+PREFIX = "sock-"
+OUTCOMES = ("applied", "tos-only", "no-job", "no-table", "bad-table", "no-entry", "ports-busy")
+
+# magic, version, size, pid, outcomes, calls, job_id, counters[16], created_ns, reserved
+_REC = struct.Struct(f"=QIIIIQ64s{COUNTERS}QQ24x")
+assert _REC.size == SIZE
+
+
+class SockRecordError(ValueError):
+    """The bytes are not a counters file this reader understands."""
+
+
+@dataclass(frozen=True)
+class SockCounts:
+    pid: int
+    job_id: str  # "" when the process had no CRUX_JOB_ID
+    counters: dict[str, int]  # counted connects by outcome (every name in OUTCOMES)
+    calls: int
+    created_ns: int
+
+
+def parse(buf: bytes) -> SockCounts:
+    """One file's bytes; SockRecordError if they are not a counters file."""
+    if len(buf) < SIZE:
+        raise SockRecordError(f"{len(buf)} bytes is shorter than the {SIZE}-byte record")
+    magic, version, size, pid, outcomes, calls, job_raw, *rest = _REC.unpack_from(buf)
+    counters, created = rest[:COUNTERS], rest[COUNTERS]
+    if magic != MAGIC:
+        raise SockRecordError(f"bad magic {magic:#x}")
+    if (version, size) != (VERSION, SIZE):
+        raise SockRecordError(f"version {version}, size {size}: not understood")
+    if not 0 < outcomes <= COUNTERS:
+        raise SockRecordError(f"{outcomes} outcomes do not fit {COUNTERS} counters")
+    # A newer writer may know more outcomes: they are summed in `calls`, not named here.
+    job = job_raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return SockCounts(pid, job, dict(zip(OUTCOMES, counters, strict=False)), calls, created)
+
+
+def read_file(path: Path) -> SockCounts:
+    """Read and parse one file without trusting it (see the module doc)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SockRecordError("not a regular file")
+        return parse(os.pread(fd, SIZE, 0))
+    finally:
+        os.close(fd)
+
+
+def read_dir(path: str | os.PathLike[str], *, prune: bool = False
+             ) -> tuple[list[SockCounts], list[str]]:
+    """(counters of live processes, problems). With prune, files of processes that are gone
+    are removed (the agent's job); unreadable or foreign files are reported, never removed."""
+    out: list[SockCounts] = []
+    problems: list[str] = []
+    root = Path(path)
+    try:
+        names = sorted(p for p in root.iterdir()
+                       if p.name.startswith(PREFIX) and p.name.isascii()
+                       and p.name[len(PREFIX):].isdigit())
+    except (FileNotFoundError, NotADirectoryError):
+        return out, problems
+    for p in names:
+        try:
+            rec = read_file(p)
+        except (OSError, SockRecordError) as exc:
+            problems.append(f"{p}: {exc}")
+            continue
+        if rec.pid != int(p.name[len(PREFIX):]):
+            problems.append(f"{p}: header says pid {rec.pid}")
+        elif not _alive(rec.pid):
+            if prune:
+                p.unlink(missing_ok=True)
+        else:
+            out.append(rec)
+    return out, problems
+
+
+@dataclass(frozen=True)
+class JobSockCounts:
+    job_id: str
+    processes: int
+    counters: dict[str, int]
+    calls: int
+
+
+def by_job(records: list[SockCounts]) -> list[JobSockCounts]:
+    """The counters summed over each job's processes, ordered by job id."""
+    jobs: dict[str, tuple[int, dict[str, int], int]] = {}
+    for r in records:
+        n, counts, calls = jobs.get(r.job_id, (0, dict.fromkeys(OUTCOMES, 0), 0))
+        for k, v in r.counters.items():
+            counts[k] += v
+        jobs[r.job_id] = (n + 1, counts, calls + r.calls)
+    return [JobSockCounts(job, n, counts, calls)
+            for job, (n, counts, calls) in sorted(jobs.items())]
