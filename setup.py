@@ -82,8 +82,8 @@ class SharedLib(Extension):
 
 WRAPPER = dict(verbs=True, version_script="shim/crux_ibverbs.map", soname="libcrux_ibverbs.so",
                libraries=("ibverbs", "dl"))
-WRAPPER_SRC = ["crux_ibverbs.c", "crux_decide.c", "crux_repath.c", "crux_gate.c", "crux_gate_setup.c",
-               "crux_links.c", "crux_pcie.c"]
+WRAPPER_SRC = ["crux_ibverbs.c", "crux_decide.c", "crux_repath.c", "crux_gate.c",
+               "crux_gate_setup.c", "crux_links.c", "crux_pcie.c"]
 LIBS = [
     SharedLib(f"{NATIVE}.libcrux_pcie", ["crux_pcie.c"]),
     SharedLib(f"{NATIVE}.libcrux_sampler", ["crux_sampler.c"]),

@@ -1,8 +1,10 @@
-"""ICMP replies to UDP probes, decoded defensively (any bytes in, never an exception).
+"""ICMP replies to UDP and TCP probes, decoded defensively (any bytes in, never an
+exception).
 
-A probe's reply quotes the probe's IP header and the first 8 bytes of its UDP
-header (RFC 792), which is how a reply is matched to the probe that caused it:
-destination address, source port and destination port must all be ours.
+A probe's reply quotes the probe's IP header and at least the first 8 bytes of its
+transport header (RFC 792), which is how a reply is matched to the probe that caused
+it: destination address, source port and destination port must all be ours. For TCP
+those 8 bytes also hold the sequence number, which the TCP prober uses as a nonce.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 TIME_EXCEEDED = 11
 UNREACHABLE = 3
 PORT_UNREACHABLE = 3
+TCP = 6
 UDP = 17
 
 
@@ -26,6 +29,8 @@ class IcmpReply:
     sport: int
     dport: int
     ttl_left: int  # TTL of the quoted probe as the responder saw it
+    proto: int = UDP  # the quoted probe's protocol
+    seq: int = 0  # TCP: the quoted sequence number (UDP: 0)
 
     @property
     def expired(self) -> bool:
@@ -36,9 +41,10 @@ class IcmpReply:
         return self.type == UNREACHABLE and self.code == PORT_UNREACHABLE
 
 
-def parse_reply(packet: bytes) -> IcmpReply | None:
+def parse_reply(packet: bytes, proto: int = UDP) -> IcmpReply | None:
     """An IPv4 packet as a raw ICMP socket returns it; None unless it is a well-formed
-    time-exceeded or port-unreachable quoting a UDP probe."""
+    time-exceeded or destination-unreachable quoting a probe of protocol `proto`
+    (UDP or TCP): a UDP prober must never take a TCP probe's reply for its own."""
     try:
         if len(packet) < 20 or packet[0] >> 4 != 4:
             return None
@@ -53,10 +59,11 @@ def parse_reply(packet: bytes) -> IcmpReply | None:
         if inner[0] >> 4 != 4:
             return None
         iihl = (inner[0] & 0x0F) * 4
-        if iihl < 20 or len(inner) < iihl + 8 or inner[9] != UDP:
+        if iihl < 20 or len(inner) < iihl + 8 or inner[9] != proto or proto not in (UDP, TCP):
             return None
-        sport, dport = struct.unpack_from("!HH", inner, iihl)
+        sport, dport, word = struct.unpack_from("!HHI", inner, iihl)
         dst = str(ipaddress.IPv4Address(inner[16:20]))
-        return IcmpReply(responder, kind, code, dst, sport, dport, inner[8])
+        return IcmpReply(responder, kind, code, dst, sport, dport, inner[8], proto,
+                         word if proto == TCP else 0)
     except (IndexError, struct.error, ValueError):
         return None

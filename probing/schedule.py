@@ -6,6 +6,10 @@ ports of the paths already known, so each known path is re-verified by its own
 port's first probe and keeps that port (the decision table does not churn); a
 path whose port now leads elsewhere, or nowhere, is dropped. Only peers inside the
 fabric prefixes are ever probed.
+
+Where TCP is probed too, a path (a hop signature) may be reached by UDP ports, TCP
+ports or both: each known path carries both lists, and a TCP sweep starts from all of
+a path's known TCP ports (jobs hold several connections to one peer, one per port).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from probing.sweep import SweepResult
 @dataclass(frozen=True, slots=True)
 class KnownPath:
     hops: tuple[str, ...]
-    sports: tuple[int, ...]
+    sports: tuple[int, ...]  # UDP (RoCEv2) source ports onto this path
     verified_unix_ms: int
+    tcp_sports: tuple[int, ...] = ()  # TCP source ports onto it, toward the probed dport
 
 
 @dataclass
@@ -89,21 +94,37 @@ class ProbeSchedule:
         skip = set(first)
         yield from (s for s in sweep_ports if s not in skip)
 
+    def tcp_sports(self, peer: PeerState, sweep_ports: Iterable[int]) -> Iterator[int]:
+        """Every known TCP port first (each keeps its path, so connections the shim
+        steered stay where the plan put them), then the sweep range (each port once)."""
+        first = [s for p in peer.paths for s in p.tcp_sports]
+        yield from first
+        skip = set(first)
+        yield from (s for s in sweep_ports if s not in skip)
+
+    @staticmethod
+    def known_tcp(peer: PeerState) -> dict[int, tuple[str, ...]]:
+        """TCP source port -> the hops it led to (re-verifies a port a job holds)."""
+        return {s: p.hops for p in peer.paths for s in p.tcp_sports}
+
     def record(self, host: str, result: SweepResult, errors: int, last_error: str,
-               now: float, now_unix_ms: int) -> bool:
-        """A finished sweep toward `host`; returns whether its paths or ports changed."""
+               now: float, now_unix_ms: int, tcp: SweepResult | None = None) -> bool:
+        """A finished sweep toward `host` (and its TCP sweep, if TCP is probed); returns
+        whether its paths or ports changed. Paths are merged by hop signature."""
         peer = self.peers.get(host)
         if peer is None:  # dropped while it was being swept
             return False
-        before = {(p.hops, p.sports) for p in peer.paths}
-        peer.paths = tuple(KnownPath(hops, tuple(ports), now_unix_ms)
-                           for hops, ports in sorted(result.paths.items()))
+        before = {(p.hops, p.sports, p.tcp_sports) for p in peer.paths}
+        tcp_paths = tcp.paths if tcp is not None else {}
+        peer.paths = tuple(KnownPath(hops, tuple(result.paths.get(hops, ())), now_unix_ms,
+                                     tuple(tcp_paths.get(hops, ())))
+                           for hops in sorted(result.paths.keys() | tcp_paths.keys()))
         peer.probed_unix_ms = now_unix_ms
-        peer.probes_sent = result.probes_sent
-        peer.errors = errors + result.unanswered
+        peer.probes_sent = result.probes_sent + (tcp.probes_sent if tcp else 0)
+        peer.errors = errors + result.unanswered + (tcp.unanswered if tcp else 0)
         peer.last_error = last_error
         peer.due = now + self.interval_s
-        return before != {(p.hops, p.sports) for p in peer.paths}
+        return before != {(p.hops, p.sports, p.tcp_sports) for p in peer.paths}
 
     def failed(self, host: str, error: str, now: float, retry_s: float) -> None:
         """A sweep that could not run (socket error): try again after `retry_s`."""

@@ -42,14 +42,16 @@ STATE_FORMAT = "crux-agent-state/1"
 
 
 def plan_decisions(hp: HostPlan) -> list[Decision]:
-    """Table entries for one host's plan: a job-wide entry per job, one per peer address."""
+    """Table entries for one host's plan: a job-wide entry per job, one per peer address
+    (its RoCE source port, and the TCP ports probed onto the same path)."""
     out: dict[tuple[str, str | None], Decision] = {}
     for a in hp.jobs:
         tc = a.traffic_class
         out[(a.job_id, None)] = Decision(a.job_id, None, a.level, a.dscp, tc, 0, hp.generation)
         for r in a.routes:
             for addr in r.peer_addresses:
-                d = Decision(a.job_id, addr, a.level, a.dscp, tc, r.sport, hp.generation)
+                d = Decision(a.job_id, addr, a.level, a.dscp, tc, r.sport, hp.generation,
+                             r.tcp_dport, r.tcp_sports)
                 out.setdefault(d.key, d)  # one rail per peer address: the first route wins
     return list(out.values())
 
@@ -253,6 +255,8 @@ class Agent:
         a.jobs.extend(convert.local_job_to_pb(j) for j in self.local_jobs())
         a.peers.extend(convert.peer_paths_to_pb(t) for t in self.probing.paths())
         a.qps.extend(self.dataplane.qp_status())
+        a.sock_connects.extend(self.dataplane.sock_status())
+        a.nic_tc_overrides.extend(self.dataplane.tc_overrides())
         a.pcie_links = self.dataplane.pcie_links
         seen = self.link.last_plan_mono
         a.last_plan_age_s = -1.0 if seen is None else time.monotonic() - seen

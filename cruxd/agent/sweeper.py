@@ -4,7 +4,10 @@ Peers come from the leader's plan (every job's routes leaving this host name the
 planned or not), so the agent probes exactly the pairs its jobs' traffic uses. One
 sweep runs at a time in a worker thread (the probers block on raw sockets), paced
 at `probing.rate_pps`; its result replaces that peer's table and, when the paths or
-ports changed, the agent reports at once.
+ports changed, the agent reports at once. With `probing.tcp_dport` set, each sweep
+is followed by a TCP one (TTL-limited SYNs toward that port, `tcp_ports_per_path`
+ports per path); paths are merged by hop signature, so a path may carry UDP ports,
+TCP ports or both.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import contextlib
 import ipaddress
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from cruxd.control.records import HostPlan, PathTable, ProbedPath
@@ -23,7 +26,8 @@ from probing.int_prober import IntProber
 from probing.responder import ProbeResponder
 from probing.schedule import PeerState, ProbeSchedule
 from probing.sweep import Prober, SweepResult, sweep
-from probing.ttl import TtlProber
+from probing.tcp_ttl import TcpTtlProber
+from probing.ttl import ProbeCounters, TtlProber
 
 LOG = logging.getLogger(__name__)
 RETRY_S = 30.0  # after a sweep that could not run at all
@@ -38,6 +42,21 @@ class ClosingProber(Prober, Protocol):
 
 
 ProberFactory = Callable[[str], ClosingProber]
+# (peer address, TCP source port -> its known hops) -> a TCP prober
+TcpProberFactory = Callable[[str, Mapping[int, tuple[str, ...]]], ClosingProber]
+
+
+def problems(counters: list[ProbeCounters]) -> tuple[int, str]:
+    """Replies ignored or missing over `counters`, and the commonest reason."""
+    ignored, reasons = 0, dict[str, int]()
+    for c in counters:
+        ignored += c.ignored + c.timeouts
+        for why, n in c.reasons.items():
+            reasons[why] = reasons.get(why, 0) + n
+        if c.timeouts:
+            reasons["no reply"] = reasons.get("no reply", 0) + c.timeouts
+    top = max(reasons.items(), key=lambda kv: kv[1], default=("", 0))
+    return ignored, f"{top[0]} ({top[1]})" if top[1] else ""
 
 
 def _v4(prefixes: tuple[str, ...]) -> tuple[ipaddress.IPv4Network, ...]:
@@ -72,18 +91,12 @@ class _Probers:
             self.int.close()
 
     def problems(self) -> tuple[int, str]:
-        ignored, reasons = 0, {}
-        for p in (self.ttl, self.int):
-            if p is None:
-                continue
-            c = p.counters
-            ignored += c.ignored + c.timeouts
-            for why, n in c.reasons.items():
-                reasons[why] = reasons.get(why, 0) + n
-            if c.timeouts:
-                reasons["no reply"] = reasons.get("no reply", 0) + c.timeouts
-        top = max(reasons.items(), key=lambda kv: kv[1], default=("", 0))
-        return ignored, f"{top[0]} ({top[1]})" if top[1] else ""
+        return problems([p.counters for p in (self.ttl, self.int) if p is not None])
+
+
+class _TcpProber(TcpTtlProber):
+    def problems(self) -> tuple[int, str]:
+        return problems([self.counters])
 
 
 def default_factory(cfg: ProbingConfig) -> ProberFactory:
@@ -92,14 +105,24 @@ def default_factory(cfg: ProbingConfig) -> ProberFactory:
     return make
 
 
+def default_tcp_factory(cfg: ProbingConfig) -> TcpProberFactory:
+    def make(address: str, known: Mapping[int, tuple[str, ...]]) -> ClosingProber:
+        return _TcpProber(address, dport=cfg.tcp_dport, max_hops=cfg.max_hops,
+                          timeout_s=cfg.timeout_s, allowed=_v4(cfg.fabric_prefixes),
+                          known=known)
+    return make
+
+
 class SweepProbing:
     def __init__(self, cfg: ProbingConfig, host_id: str, on_change: Callable[[], None],
-                 factory: ProberFactory | None = None) -> None:
+                 factory: ProberFactory | None = None,
+                 tcp_factory: TcpProberFactory | None = None) -> None:
         self.cfg = cfg
         self.host_id = host_id
-        self.name = f"sweep ({cfg.method})"
+        self.name = f"sweep ({cfg.method}{f', tcp/{cfg.tcp_dport}' if cfg.tcp_dport else ''})"
         self.on_change = on_change
         self.factory = factory or default_factory(cfg)
+        self.tcp_factory = tcp_factory or default_tcp_factory(cfg)
         self.schedule = ProbeSchedule(tuple(map(ipaddress.ip_network, cfg.fabric_prefixes)),
                                       cfg.interval_s)
         self.sweeps = 0
@@ -110,7 +133,9 @@ class SweepProbing:
 
     # --- what the agent reports ----------------------------------------------
     def paths(self) -> tuple[PathTable, ...]:
-        out = [PathTable(p.host, tuple(ProbedPath(k.hops, k.sports, k.verified_unix_ms)
+        dport = self.cfg.tcp_dport
+        out = [PathTable(p.host, tuple(ProbedPath(k.hops, k.sports, k.verified_unix_ms,
+                                                  k.tcp_sports, dport if k.tcp_sports else 0)
                                        for k in p.paths), p.address, p.probed_unix_ms,
                          p.probes_sent, p.errors, p.last_error)
                for p in sorted(self.schedule.peers.values(), key=lambda p: p.host)]
@@ -173,7 +198,7 @@ class SweepProbing:
                 continue
             assert peer is not None
             try:
-                result, errors, why = await asyncio.to_thread(self._sweep, peer)
+                result, tcp, errors, why = await asyncio.to_thread(self._sweep, peer)
             except OSError as exc:
                 LOG.warning("cannot probe %s (%s): %s", peer.host, peer.address, exc)
                 self.schedule.failed(peer.host, str(exc), time.monotonic(), RETRY_S)
@@ -181,13 +206,15 @@ class SweepProbing:
                 continue
             self.sweeps += 1
             changed = self.schedule.record(peer.host, result, errors, why, time.monotonic(),
-                                           int(time.time() * 1000))
-            LOG.info("swept %s (%s): %d path(s), %d probe(s), stopped: %s%s", peer.host,
+                                           int(time.time() * 1000), tcp)
+            LOG.info("swept %s (%s): %d path(s), %d probe(s), stopped: %s%s%s", peer.host,
                      peer.address, len(result.paths), result.probes_sent, result.stopped,
+                     "" if tcp is None else f"; TCP/{self.cfg.tcp_dport}: {len(tcp.paths)} "
+                     f"path(s), {tcp.probes_sent} probe(s), stopped: {tcp.stopped}",
                      "; paths changed" if changed else "")
             self.on_change()  # report the new verification times too
 
-    def _sweep(self, peer: PeerState) -> tuple[SweepResult, int, str]:
+    def _sweep(self, peer: PeerState) -> tuple[SweepResult, SweepResult | None, int, str]:
         cfg = self.cfg
         prober = self.factory(peer.address)
         try:
@@ -195,6 +222,28 @@ class SweepProbing:
             result = sweep(prober, peer.host, ports, expected=cfg.expected_paths or None,
                            max_probes=cfg.max_probes, miss=cfg.miss, rate_pps=cfg.rate_pps)
             errors, why = prober.problems()
-            return result, errors, why
+        finally:
+            prober.close()
+        if not cfg.tcp_dport:
+            return result, None, errors, why
+        try:
+            tcp, tcp_errors, tcp_why = self._sweep_tcp(peer)
+        except OSError as exc:  # the UDP result stands; TCP ports unverified are dropped
+            LOG.warning("cannot probe TCP/%d of %s (%s): %s", cfg.tcp_dport, peer.host,
+                        peer.address, exc)
+            return result, SweepResult(peer.host), errors + 1, f"TCP: {exc}"
+        return result, tcp, errors + tcp_errors, why if errors >= tcp_errors else tcp_why
+
+    def _sweep_tcp(self, peer: PeerState) -> tuple[SweepResult, int, str]:
+        cfg = self.cfg
+        prober = self.tcp_factory(peer.address, self.schedule.known_tcp(peer))
+        try:
+            ports = self.schedule.tcp_sports(peer,
+                                             range(cfg.tcp_sports[0], cfg.tcp_sports[1] + 1))
+            tcp = sweep(prober, peer.host, ports, expected=cfg.expected_paths or None,
+                        max_probes=cfg.max_probes, miss=cfg.miss, rate_pps=cfg.rate_pps,
+                        ports_per_path=cfg.tcp_ports_per_path)
+            errors, why = prober.problems()
+            return tcp, errors, why
         finally:
             prober.close()

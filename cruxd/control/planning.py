@@ -104,7 +104,8 @@ class PlanInputs:
     @property
     def paths(self) -> dict[tuple[str, str], tuple[DiscoveredPath, ...]]:
         """The path table as reported (hops: router addresses or INT node ids)."""
-        return {(src, dst): tuple(DiscoveredPath(p.hops, p.sports) for p in t.paths)
+        return {(src, dst): tuple(DiscoveredPath(p.hops, p.sports, p.tcp_sports, p.tcp_dport)
+                                  for p in t.paths)
                 for src, by_dst in self.tables.items() for dst, t in by_dst.items()}
 
 
@@ -159,13 +160,18 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     decided = {d.job: d for d in result.jobs} if result else {}
     routes: dict[str, list[PeerRoute]] = {}
     addresses: dict[tuple[str, int | None], tuple[str, ...]] = {}
+    # the chosen path's TCP-probed ports, found by its hops as its UDP port is
+    tcp = {(src, dst, p.hops): (p.tcp_dport, p.tcp_sports)
+           for (src, dst), ps in paths.items() for p in ps if p.tcp_sports}
     for f in result.flows if result else ():
         peer = addresses.get((f.dst, f.src_port))
         if peer is None:
             peer = addresses[(f.dst, f.src_port)] = _addresses(nics, f.dst, f.src_port)
+        tcp_dport, tcp_sports = tcp.get((f.src, f.dst, f.hops), (0, ()))
         routes.setdefault(f.job, []).append(PeerRoute(
             src_host=f.src, peer_host=f.dst, peer_addresses=peer, sport=f.sport or 0,
-            hops=f.hops, nic_port=f.src_port if f.src_port is not None else -1))
+            hops=f.hops, nic_port=f.src_port if f.src_port is not None else -1,
+            tcp_dport=tcp_dport, tcp_sports=tcp_sports))
 
     out = []
     for m in merged:

@@ -89,6 +89,8 @@ class ProbedPath:
     hops: tuple[str, ...]
     sports: tuple[int, ...]
     verified_unix_ms: int = 0  # when a probe last confirmed it
+    tcp_sports: tuple[int, ...] = ()  # TCP source ports onto it (toward tcp_dport)
+    tcp_dport: int = 0  # the peer's TCP port they were probed for; 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,8 @@ class PathTable:
     def shape(self) -> tuple[object, ...]:
         """What planning depends on: a re-verified table with the same paths and
         ports has the same shape, so re-probing alone does not re-plan."""
-        return (self.dst_address, tuple((p.hops, p.sports) for p in self.paths))
+        return (self.dst_address, tuple((p.hops, p.sports, p.tcp_sports, p.tcp_dport)
+                                        for p in self.paths))
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,8 @@ class PeerRoute:
     sport: int = 0  # 0: no probed port, ECMP decides
     hops: tuple[str, ...] = ()
     nic_port: int = -1
+    tcp_dport: int = 0  # TCP connections to this port leave from one of tcp_sports
+    tcp_sports: tuple[int, ...] = ()  # the chosen path's TCP-probed ports; (): ECMP
 
 
 @dataclass(frozen=True, slots=True)

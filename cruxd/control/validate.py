@@ -27,6 +27,7 @@ MAX_PATH_TABLES = 100_000
 MAX_PATHS_PER_PEER = 256
 MAX_HOPS = 16
 MAX_SPORTS = 64
+MAX_TCP_SPORTS = 8  # the TCP ports a decision-table entry holds per peer
 MAX_LINKS = 100_000
 MAX_TEXT = 256
 MAX_COUNTER = 2**53  # times in ms and counters: exact in a double
@@ -85,6 +86,18 @@ def _count(n: int, field: str, hi: int) -> None:
 def _text(value: str, field: str) -> None:
     if len(value) > MAX_TEXT:
         raise InvalidMessage(field, f"longer than {MAX_TEXT} characters")
+
+
+def _tcp_ports(ports: tuple[int, ...], dport: int, field: str) -> None:
+    """TCP-probed source ports and the destination port they were probed for."""
+    _number(dport, f"{field}.tcp_dport", 65535)
+    _count(len(ports), f"{field}.tcp_sports", MAX_TCP_SPORTS)
+    for s, port in enumerate(ports):
+        _number(port, f"{field}.tcp_sports[{s}]", 65535, 1)
+    _unique(ports, f"{field}.tcp_sports")
+    if ports and not dport:
+        raise InvalidMessage(f"{field}.tcp_dport", "0, but tcp_sports are given: ports "
+                             "are probed for a destination port")
 
 
 def check_measurement(m: Measurement, field: str) -> Measurement:
@@ -151,6 +164,7 @@ def check_report(r: AgentReport) -> AgentReport:
             for s, port in enumerate(path.sports):
                 _number(port, f"{where}.paths[{k}].sports[{s}]", 65535, 1)
             _number(path.verified_unix_ms, f"{where}.paths[{k}].verified_unix_ms", MAX_COUNTER)
+            _tcp_ports(path.tcp_sports, path.tcp_dport, f"{where}.paths[{k}]")
         _unique((p.hops for p in table.paths), f"{where}.paths")
     _unique((t.dst_host for t in r.paths), "paths")
     _count(len(r.links), "links", MAX_LINKS)
@@ -174,6 +188,7 @@ def check_host_plan(hp: HostPlan, host_id: str) -> HostPlan:
         _number(a.dscp, f"{where}.dscp", 63)
         for k, r in enumerate(a.routes):
             _number(r.sport, f"{where}.routes[{k}].sport", 65535)
+            _tcp_ports(r.tcp_sports, r.tcp_dport, f"{where}.routes[{k}]")
             for n, addr in enumerate(r.peer_addresses):
                 check_address(addr, f"{where}.routes[{k}].peer_addresses[{n}]")
     _unique((a.job_id for a in hp.jobs), "jobs")

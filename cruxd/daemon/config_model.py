@@ -59,6 +59,9 @@ class ProbingConfig:
     responder: bool  # answer other agents' INT probes
     responder_port: int
     responder_rate_pps: float
+    tcp_dport: int = 0  # the TCP jobs' listening port to probe; 0: no TCP probing
+    tcp_sports: tuple[int, int] = (61000, 65535)  # first and last TCP source port swept
+    tcp_ports_per_path: int = 8  # TCP ports collected per path (a decision holds 8)
 
 
 @dataclass(frozen=True, slots=True)

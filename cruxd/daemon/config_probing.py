@@ -9,6 +9,12 @@ from probing.sweep import port_range
 # One sweep at a time over all peers: this caps probe traffic per host whatever
 # the configuration says (a 3-hop TTL trace is 3-4 datagrams of 80 bytes per port).
 MAX_RATE_PPS = 1000.0
+# A decision-table entry holds at most this many TCP source ports per peer.
+MAX_TCP_PORTS = 8
+# Above Linux's default ephemeral range (net.ipv4.ip_local_port_range = 32768 60999):
+# the kernel never picks these ports for other programs' connections, so the probed
+# ports stay free for the shim to bind, and a probe never finds them taken.
+TCP_SPORTS = "61000-65535"
 
 
 def parse_probing(p: Section, sweep: bool) -> ProbingConfig:
@@ -23,6 +29,14 @@ def parse_probing(p: Section, sweep: bool) -> ProbingConfig:
         ports = port_range(p.string("sports", "49152-65535"))
     except ValueError as exc:
         raise p.error("sports", str(exc)) from None
+    try:
+        tcp_ports = port_range(p.string("tcp_sports", TCP_SPORTS))
+    except ValueError as exc:
+        raise p.error("tcp_sports", str(exc)) from None
+    per_path = p.integer("tcp_ports_per_path", MAX_TCP_PORTS, Range(1, MAX_TCP_PORTS))
+    if len(tcp_ports) < per_path:
+        raise p.error("tcp_sports", f"{len(tcp_ports)} port(s), fewer than "
+                      f"tcp_ports_per_path = {per_path}")
     return ProbingConfig(
         method=p.choice("method", "ttl", ("ttl", "int")),
         fabric_prefixes=prefixes,
@@ -39,4 +53,7 @@ def parse_probing(p: Section, sweep: bool) -> ProbingConfig:
         responder_port=p.integer("responder_port", 4791, Range(1, 65535)),
         responder_rate_pps=p.number("responder_rate_pps", 1000.0,
                                     Range(0, 100000, lo_open=True)),
+        tcp_dport=p.integer("tcp_dport", 0, Range(0, 65535)),
+        tcp_sports=(tcp_ports.start, tcp_ports.stop - 1),
+        tcp_ports_per_path=per_path,
     )

@@ -91,13 +91,15 @@ def path_table_to_pb(t: PathTable) -> lpb.PathTable:
     return lpb.PathTable(
         dst_host=t.dst_host, dst_address=t.dst_address, probed_unix_ms=t.probed_unix_ms,
         probes_sent=t.probes_sent, errors=t.errors, last_error=t.last_error,
-        paths=[lpb.ProbedPath(hops=p.hops, sports=p.sports, verified_unix_ms=p.verified_unix_ms)
+        paths=[lpb.ProbedPath(hops=p.hops, sports=p.sports, verified_unix_ms=p.verified_unix_ms,
+                              tcp_sports=p.tcp_sports, tcp_dport=p.tcp_dport)
                for p in t.paths])
 
 
 def path_table_from_pb(t: lpb.PathTable) -> PathTable:
     return PathTable(
-        t.dst_host, tuple(ProbedPath(tuple(x.hops), tuple(x.sports), x.verified_unix_ms)
+        t.dst_host, tuple(ProbedPath(tuple(x.hops), tuple(x.sports), x.verified_unix_ms,
+                                     tuple(x.tcp_sports), x.tcp_dport)
                           for x in t.paths),
         t.dst_address, t.probed_unix_ms, t.probes_sent, t.errors, t.last_error)
 
@@ -117,7 +119,8 @@ def check_schema(revision: int) -> None:
 
 def route_to_pb(r: PeerRoute) -> cpb.PeerRoute:
     return cpb.PeerRoute(peer_host=r.peer_host, peer_addresses=r.peer_addresses, sport=r.sport,
-                         hops=r.hops, nic_port=r.nic_port, src_host=r.src_host)
+                         hops=r.hops, nic_port=r.nic_port, src_host=r.src_host,
+                         tcp_dport=r.tcp_dport, tcp_sports=r.tcp_sports)
 
 
 def assignment_to_pb(a: JobAssignment) -> cpb.JobDecision:
@@ -136,7 +139,8 @@ def assignment_from_pb(p: cpb.JobDecision) -> JobAssignment:
     return JobAssignment(
         p.job_id, state, p.intensity, p.k, p.rank, p.level, p.dscp, tuple(p.hosts), p.gpus,
         tuple(PeerRoute(r.src_host, r.peer_host, tuple(r.peer_addresses), r.sport,
-                        tuple(r.hops), r.nic_port) for r in p.routes), p.note)
+                        tuple(r.hops), r.nic_port, r.tcp_dport, tuple(r.tcp_sports))
+              for r in p.routes), p.note)
 
 
 def host_plan_to_pb(hp: HostPlan) -> lpb.HostPlan:

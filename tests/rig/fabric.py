@@ -1,9 +1,9 @@
 """A 2-tier Clos fabric of network namespaces joined by veth pairs.
 
 Hosts hang off leaves, every leaf connects to every spine, and the kernel does the
-switching: leaves forward with L4 ECMP (`fib_multipath_hash_policy=1`, one
-nexthop per spine), decrement TTL and answer with ICMP time-exceeded, so probing,
-path steering and priority queues are tested against the real thing. Routers answer
+switching: leaves forward with L4 ECMP (`fib_multipath_hash_policy=3` over the
+5-tuple, one nexthop per spine), decrement TTL and answer with ICMP time-exceeded, so
+probing, path steering and priority queues are tested against the real thing. Routers answer
 from the interface the probe arrived on (`icmp_errors_use_inbound_ifaddr`), so each
 hop address names the link a probe came over: a cross-leaf trace reads
 10.2.k.1 (its leaf), 10.3.(l*32+s).2 (spine s), 10.3.(m*32+s).1 (leaf m, from spine s).
@@ -38,6 +38,8 @@ import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from probing.hashmodel import HashModel
@@ -164,7 +166,13 @@ class Fabric:
         settings = [("net.ipv4.icmp_ratelimit", "0"), ("net.ipv4.icmp_ratemask", "0")]
         if forward:
             settings += [("net.ipv4.ip_forward", "1"),
-                         ("net.ipv4.fib_multipath_hash_policy", "1"),
+                         # L4 ECMP over the 5-tuple in the headers, as a switch hashes.
+                         # Not policy 1: it reuses a hash the skb already carries, and a
+                         # TCP socket's skb carries the socket's random txhash across the
+                         # veth, so TCP paths would follow no 5-tuple at all (on the rig
+                         # 10 of 16 connections missed the spine their port was probed on)
+                         ("net.ipv4.fib_multipath_hash_policy", "3"),
+                         ("net.ipv4.fib_multipath_hash_fields", "0x0037"),
                          # time-exceeded from the address the probe arrived on, not
                          # from the reply's way out: a hop then names its link
                          ("net.ipv4.icmp_errors_use_inbound_ifaddr", "1")]
@@ -262,31 +270,50 @@ class Fabric:
         each spine. With nft, a forward-chain counter per uplink matches only this flow's
         5-tuples, so other traffic on the fabric (agents probing, IPv6 chatter) cannot
         blur the result; without nft, the uplinks' interface counters are used."""
-        leaf = self.leaf_of(src)
         if shutil.which("nft") is None:
+            leaf = self.leaf_of(src)
             before = self.spine_tx(leaf)
             self.send_udp(src, dst, sports, count=count)
             return [a - b for a, b in zip(self.spine_tx(leaf), before, strict=True)]
+        with self.uplink_counts(src, dst, sports) as read:
+            self.send_udp(src, dst, sports, count=count)
+            return read()
+
+    @contextmanager
+    def uplink_counts(self, src: str, dst: str, sports: list[int], proto: str = "udp",
+                      dport: int = 4791) -> Iterator[Callable[[], list[int]]]:
+        """While open, count per uplink of `src`'s leaf the packets from `src` to `dst`
+        with protocol `proto` ("udp" or "tcp"), a source port in `sports` and
+        destination port `dport` (nft forward-chain counters: only that flow's packets);
+        yields a function returning the counts so far, one per spine. Needs nft."""
+        if proto not in ("udp", "tcp"):
+            raise ValueError("proto must be 'udp' or 'tcp'")
+        leaf = self.leaf_of(src)
         ns = self.ns(f"l{leaf}")
         match = (f"ip saddr {self.address(src)} ip daddr {self.address(dst)} "
-                 f"udp sport {{ {', '.join(map(str, sports))} }} udp dport 4791")
+                 f"{proto} sport {{ {', '.join(map(str, sports))} }} {proto} dport {dport}")
         rules = "\n".join(f'        oifname "{self.uplink(leaf, s)}" {match} counter'
                            for s in range(self.spines))
+        table = f"crux_count_{secrets.token_hex(3)}"  # several may be open at once
         _run("ip", "netns", "exec", ns, "nft", "-f", "-", stdin=(
-            "table ip crux_count {\n    chain count {\n"
+            f"table ip {table} {{\n    chain count {{\n"
             "        type filter hook forward priority 0; policy accept;\n"
             f"{rules}\n    }}\n}}\n"))
-        try:
-            self.send_udp(src, dst, sports, count=count)
+
+        def read() -> list[int]:
             listing = json.loads(_run("ip", "netns", "exec", ns, "nft", "-j", "list",
-                                      "table", "ip", "crux_count"))
+                                      "table", "ip", table))
+            counts = [next(e["counter"]["packets"] for e in item["rule"]["expr"]
+                           if "counter" in e)
+                      for item in listing["nftables"] if "rule" in item]
+            if len(counts) != self.spines:
+                raise RigError(f"nft counters on {ns}: {len(counts)} rules, "
+                               f"{self.spines} spines")
+            return counts
+        try:
+            yield read
         finally:
-            _run("ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "crux_count")
-        counts = [next(e["counter"]["packets"] for e in item["rule"]["expr"] if "counter" in e)
-                  for item in listing["nftables"] if "rule" in item]
-        if len(counts) != self.spines:
-            raise RigError(f"nft counters on {ns}: {len(counts)} rules, {self.spines} spines")
-        return counts
+            _run("ip", "netns", "exec", ns, "nft", "delete", "table", "ip", table)
 
     def send_udp(self, src: str, dst: str, sports: list[int], dport: int = 4791,
                  count: int = 1, payload: int = 64) -> None:

@@ -1,0 +1,195 @@
+"""TCP-probed ports from the agent's sweeps to the decision table: the sweeper merges
+UDP and TCP sweeps by hop signature, reports validate and convert, the leader's route
+carries the chosen path's TCP ports (path selection unchanged), and the agent writes
+them into the table entry."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import replace
+
+import pytest
+
+from cruxd.agent.core import plan_decisions
+from cruxd.agent.sweeper import SweepProbing
+from cruxd.control.cluster import ClusterState
+from cruxd.control.planning import LeaderPlanConfig, make_plan, plan_inputs
+from cruxd.control.records import (
+    AgentReport,
+    HostInventory,
+    HostPlan,
+    JobAssignment,
+    JobState,
+    PathTable,
+    PeerRoute,
+    ProbedPath,
+)
+from cruxd.control.validate import InvalidMessage, check_host_plan, check_report
+from cruxd.daemon.config import parse_config
+from cruxd.rpc import convert
+from probing.schedule import ProbeSchedule
+from probing.sweep import SweepResult
+from tests.test_discovery import addr, hops, nics, ring
+from tests.test_probing_core import HashProber
+
+TCP = (61003, 61004, 61007)
+
+
+def tcp_table(src: int, dst: int) -> PathTable:
+    """Both spines, each with its UDP port and three TCP ports toward 5201."""
+    return PathTable(f"h{dst}", tuple(
+        ProbedPath(hops(src, dst, s), (49152 + 16 * s + dst,), 1000,
+                   tuple(p + 100 * s + dst for p in TCP), 5201) for s in range(2)),
+        addr(dst), 1000, 8)
+
+
+def test_the_route_carries_the_tcp_ports_of_the_chosen_path() -> None:
+    s = ClusterState(agent_timeout_s=30, change_threshold=0.1, profiling_s=0)
+    jobs = {0: ring("big", 0, 1e12), 2: ring("big", 1, 1e12),
+            1: ring("small", 0, 1e13), 3: ring("small", 1, 1e13)}
+    peer = {0: 2, 2: 0, 1: 3, 3: 1}
+    for k in range(4):
+        inv = HostInventory(f"h{k}", gpus=8, nics=nics()[f"h{k}"], probing_source="sweep")
+        table = tcp_table(k, peer[k])
+        if k == 3:  # h3 probed TCP on neither path: its route keeps only the UDP port
+            table = replace(table, paths=tuple(replace(p, tcp_sports=(), tcp_dport=0)
+                                               for p in table.paths))
+        s.ingest(AgentReport(inv, (jobs[k],), (table,)), 0)
+    s.advance_profiling(0, enabled=False)
+    plan = make_plan(plan_inputs(s, 1.0), None, LeaderPlanConfig(4), 1, 1.0)
+    spines = {}
+    for a in plan.jobs:
+        assert a.state is JobState.SCHEDULED
+        for r in a.routes:
+            src, dst = int(r.src_host[1:]), int(r.peer_host[1:])
+            spine = next(s for s in range(2) if r.hops[1] == hops(src, dst, s)[1])
+            spines[(a.job_id, src)] = spine
+            assert r.sport == 49152 + 16 * spine + dst  # the chosen path's UDP port ...
+            if src == 3:
+                assert (r.tcp_dport, r.tcp_sports) == (0, ())
+            else:  # ... and its TCP ports, for the port they were probed toward
+                assert r.tcp_dport == 5201
+                assert r.tcp_sports == tuple(p + 100 * spine + dst for p in TCP)
+    assert spines[("big", 0)] != spines[("small", 1)]  # selection as without TCP ports
+
+    # the agent writes them into the peer's table entry, not into the job-wide one
+    hp = plan.for_host("h0")
+    entries = {d.peer: d for d in plan_decisions(hp)}
+    route = hp.jobs[0].routes[0]
+    assert entries[addr(2)].tcp_sports == route.tcp_sports and entries[addr(2)].tcp_dport == 5201
+    assert entries[None].tcp_sports == () and entries[None].tcp_dport == 0
+    # ... and the plan crosses the wire unchanged
+    assert convert.host_plan_from_pb(convert.host_plan_to_pb(hp)) == hp
+
+
+def test_reports_with_tcp_ports_convert_and_validate() -> None:
+    r = AgentReport(HostInventory("h0"), paths=(tcp_table(0, 2),))
+    back = convert.report_from_pb(convert.report_to_pb(r))
+    assert back == r and back.paths[0].paths[1].tcp_sports == (61105, 61106, 61109)
+    assert check_report(back) is back
+
+
+def _with_path(**tcp: object) -> AgentReport:
+    path = replace(ProbedPath(("a", "b"), (49152,)), **tcp)  # type: ignore[arg-type]
+    return AgentReport(HostInventory("h0"), paths=(PathTable("h1", (path,)),))
+
+
+@pytest.mark.parametrize(("tcp", "field", "why"), [
+    ({"tcp_sports": tuple(range(61000, 61009)), "tcp_dport": 5201},
+     "paths[0].paths[0].tcp_sports", "9 entries, at most 8"),
+    ({"tcp_sports": (0,), "tcp_dport": 5201}, "paths[0].paths[0].tcp_sports[0]", "range"),
+    ({"tcp_sports": (70000,), "tcp_dport": 5201}, "paths[0].paths[0].tcp_sports[0]", "range"),
+    ({"tcp_sports": (61000, 61000), "tcp_dport": 5201}, "paths[0].paths[0].tcp_sports[1]",
+     "duplicate"),
+    ({"tcp_sports": (61000,), "tcp_dport": 0}, "paths[0].paths[0].tcp_dport", "probed for"),
+    ({"tcp_dport": 65536}, "paths[0].paths[0].tcp_dport", "range"),
+])
+def test_bad_tcp_ports_in_a_report_are_refused_by_field(tcp: dict[str, object], field: str,
+                                                         why: str) -> None:
+    with pytest.raises(InvalidMessage, match=why) as e:
+        check_report(_with_path(**tcp))
+    assert e.value.field == field
+
+
+def test_bad_tcp_ports_in_a_plan_are_refused_whole() -> None:
+    def hp(**tcp: object) -> HostPlan:
+        route = replace(PeerRoute("h0", "h1", ("10.2.1.2",), 49152), **tcp)  # type: ignore[arg-type]
+        return HostPlan(1, "h0", 0, 4, (JobAssignment("a", JobState.SCHEDULED, level=1,
+                                                      dscp=8, routes=(route,)),))
+    assert check_host_plan(hp(tcp_dport=5201, tcp_sports=(61000, 61001)), "h0")
+    for bad in ({"tcp_dport": 5201, "tcp_sports": tuple(range(61000, 61009))},
+                {"tcp_dport": 0, "tcp_sports": (61000,)},
+                {"tcp_dport": 5201, "tcp_sports": (61000, 61000)},
+                {"tcp_dport": 70000}):
+        with pytest.raises(InvalidMessage, match=r"jobs\[0\]\.routes\[0\]\.tcp_"):
+            check_host_plan(hp(**bad), "h0")
+
+
+def test_schedule_merges_udp_and_tcp_paths_by_hop_signature() -> None:
+    s = ProbeSchedule((ipaddress.ip_network("10.0.0.0/8"),), interval_s=60)
+    s.set_peers({"h1": ["10.2.1.2"]}, now=0.0)
+    udp = SweepResult("h1", {("l0", "s0"): [49152], ("l0", "s1"): [49153]})
+    tcp = SweepResult("h1", {("l0", "s1"): [61001, 61002], ("l0", "s2"): [61000]})
+    assert s.record("h1", udp, 0, "", 1.0, 1000, tcp)
+    paths = {p.hops: (p.sports, p.tcp_sports) for p in s.peers["h1"].paths}
+    assert paths == {("l0", "s0"): ((49152,), ()), ("l0", "s1"): ((49153,), (61001, 61002)),
+                     ("l0", "s2"): ((), (61000,))}
+    assert not s.record("h1", udp, 0, "", 2.0, 2000, tcp)  # same ports: no change
+    assert s.record("h1", udp, 0, "", 3.0, 3000, SweepResult("h1"))  # TCP ports gone
+    s.record("h1", udp, 0, "", 4.0, 4000, tcp)
+    peer = s.peers["h1"]
+    assert list(s.tcp_sports(peer, range(60999, 61003))) == [61001, 61002, 61000, 60999]
+    assert s.known_tcp(peer) == {61001: ("l0", "s1"), 61002: ("l0", "s1"),
+                                 61000: ("l0", "s2")}
+
+
+class _Prober(HashProber):
+    def close(self) -> None:
+        pass
+
+    def problems(self) -> tuple[int, str]:
+        return 0, ""
+
+
+def test_the_agent_sweeps_tcp_too_and_reports_both_per_path() -> None:
+    cfg = parse_config('[agent]\nprobing = "sweep"\n[probing]\nfabric_prefixes = ["10.2.0.0/16"]'
+                       "\nrate_pps = 1000\nresponder = false\ntcp_dport = 5201\n"
+                       'tcp_sports = "61000-61999"\ntcp_ports_per_path = 4\n', "<t>").probing
+    known: list[Mapping[int, tuple[str, ...]]] = []
+
+    def tcp_factory(address: str, k: Mapping[int, tuple[str, ...]]) -> _Prober:
+        known.append(dict(k))
+        return _Prober(2, seed=11)  # TCP hashes differently from UDP: its own ports
+
+    async def run() -> None:
+        sp = SweepProbing(cfg, "h0", lambda: None, lambda a: _Prober(2, seed=7), tcp_factory)
+        await sp.start()
+        route = PeerRoute("h0", "h1", ("10.2.1.2",))
+        sp.plan_changed(HostPlan(1, "h0", 0, 4, (JobAssignment("a", JobState.UNMEASURED,
+                                                               routes=(route,)),)))
+        while sp.sweeps < 1:
+            await asyncio.sleep(0.01)
+        first = sp.paths()[0]
+        assert len(first.paths) == 2 and sp.name == "sweep (ttl, tcp/5201)"
+        for p in first.paths:
+            assert len(p.sports) == 1 and len(p.tcp_sports) == 4 and p.tcp_dport == 5201
+            assert all(61000 <= x <= 61999 for x in p.tcp_sports)
+        check_report(AgentReport(HostInventory("h0"), paths=(first,)))
+        sp.schedule.request(["h1"], 0.0)  # sweep again: the known TCP ports are kept
+        sp._wake.set()
+        while sp.sweeps < 2:
+            await asyncio.sleep(0.01)
+        assert sp.paths()[0].paths == tuple(replace(p, verified_unix_ms=q.verified_unix_ms)
+                                            for p, q in zip(first.paths, sp.paths()[0].paths,
+                                                            strict=True))
+        await sp.stop()
+
+    asyncio.run(run())
+    assert known[0] == {} and len(known[1]) == 8  # the second sweep knew every TCP port
+
+
+def test_tcp_probing_config() -> None:
+    p = parse_config("[probing]\n", "<t>").probing
+    assert (p.tcp_dport, p.tcp_sports, p.tcp_ports_per_path) == (0, (61000, 65535), 8)
