@@ -46,9 +46,9 @@
 #include "crux_gate.h"
 #include "crux_repath.h"
 #include "crux_shim.h"
+#include "crux_tablemap.h"
 
 #define VERBS_VERSION "IBVERBS_1.1"
-#define REOPEN_NS 1000000000ull /* look for a missing or bad table at most once a second */
 #define QPS_LEN (CRUX_QPS_HEADER_SIZE + CRUX_QPS_CAPACITY * CRUX_QPS_RECORD_SIZE)
 
 typedef int (*modify_fn)(struct ibv_qp *, struct ibv_qp_attr *, int);
@@ -66,10 +66,7 @@ static close_fn real_close;
  * mutex is cheaper than being clever. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
-    const void *table;     /* read-only mapping, NULL when none */
-    size_t table_len;
-    int table_missing;     /* 1: no file at all (NO_TABLE), 0: a file, maybe bad */
-    uint64_t next_open_ns; /* earliest time to look for the table again */
+    struct crux_tablemap map; /* the decision table (crux_tablemap.h) */
     void *qps;             /* this process's records, NULL until the first connect */
     pid_t qps_pid;         /* who created them: a forked child makes its own */
     int qps_failed;
@@ -125,58 +122,13 @@ static uint64_t now_ns(clockid_t clock)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void table_close(void)
-{
-    if (st.table != NULL && st.table_len > 0)
-        munmap((void *)st.table, st.table_len);
-    st.table = NULL;
-    st.table_len = 0;
-}
-
-static void table_open(void)
-{
-    static const char empty[1];
-    int fd = open(st.table_path, O_RDONLY | O_CLOEXEC);
-    struct stat sb;
-    st.table_missing = 1;
-    if (fd < 0)
-        return;
-    if (fstat(fd, &sb) == 0) {
-        st.table_missing = 0;
-        st.table = empty; /* an empty file is a bad table, not a missing one */
-        if (sb.st_size > 0) {
-            void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
-            if (p != MAP_FAILED) {
-                st.table = p;
-                st.table_len = (size_t)sb.st_size;
-            }
-        }
-    }
-    close(fd);
-}
-
-/* Keep the mapping current: reopen a retired table at once (the writer replaced it), and look
- * again for a missing or unusable one at most once a second. */
-static void table_refresh(void)
-{
-    int usable = st.table != NULL && crux_table_validate(st.table, st.table_len) == 0;
-    if (usable && !crux_table_retired(st.table))
-        return;
-    uint64_t now = now_ns(CLOCK_MONOTONIC_COARSE);
-    if (usable || now >= st.next_open_ns) {
-        table_close();
-        table_open();
-        st.next_open_ns = now + REOPEN_NS;
-    }
-}
-
 /* The gate's level: the job-wide entry's, -1 without one (the job is then not gated). */
 static int job_level(void)
 {
     struct crux_table_entry e;
     pthread_mutex_lock(&lock);
-    table_refresh();
-    int lv = st.table_missing ? -1 : crux_table_lookup(st.table, st.table_len, st.job, NULL, &e);
+    crux_tablemap_refresh(&st.map, st.table_path);
+    int lv = st.map.missing ? -1 : crux_table_lookup(st.map.table, st.map.len, st.job, NULL, &e);
     pthread_mutex_unlock(&lock);
     return lv == 0 ? e.level : -1;
 }
@@ -186,9 +138,9 @@ static int decided_sport(const uint8_t dgid[16])
 {
     struct crux_table_entry e;
     pthread_mutex_lock(&lock);
-    table_refresh();
-    int rc = st.table_missing ? -1
-                              : crux_table_decision(st.table, st.table_len, st.job, dgid, &e);
+    crux_tablemap_refresh(&st.map, st.table_path);
+    int rc = st.map.missing ? -1
+                              : crux_table_decision(st.map.table, st.map.len, st.job, dgid, &e);
     pthread_mutex_unlock(&lock);
     return rc < 0 ? -1 : e.sport;
 }
@@ -260,8 +212,8 @@ static void record(struct ibv_qp *qp, const struct ibv_qp_attr *orig,
     const char *dev = qp->context->device->name;
     memcpy(r.device, dev, strnlen(dev, sizeof r.device - 1)); /* truncated, NUL-padded */
     r.plan_generation = d->plan_generation;
-    if (st.table != NULL && crux_table_validate(st.table, st.table_len) == 0)
-        r.table_generation = crux_table_generation(st.table);
+    if (st.map.table != NULL && crux_table_validate(st.map.table, st.map.len) == 0)
+        r.table_generation = crux_table_generation(st.map.table);
     r.created_ns = now_ns(CLOCK_REALTIME_COARSE); /* a timestamp for people: ms will do */
     if (f != NULL) {
         crux_qps_count(f, d->outcome);
@@ -289,8 +241,8 @@ __attribute__((visibility("default"))) int ibv_modify_qp(struct ibv_qp *qp,
     struct ibv_qp_attr sent = *attr;
     struct crux_applied d;
     pthread_mutex_lock(&lock);
-    table_refresh();
-    crux_decide(st.table_missing ? NULL : st.table, st.table_len, st.job, &sent.ah_attr, &d);
+    crux_tablemap_refresh(&st.map, st.table_path);
+    crux_decide(st.map.missing ? NULL : st.map.table, st.map.len, st.job, &sent.ah_attr, &d);
     pthread_mutex_unlock(&lock);
 
     int rc = real_modify(qp, &sent, mask);

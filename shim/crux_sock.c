@@ -46,9 +46,9 @@
 
 #include "crux_sockrec.h"
 #include "crux_table.h"
+#include "crux_tablemap.h"
 
 #define EXPORT __attribute__((visibility("default")))
-#define REOPEN_NS 1000000000ull /* look for a missing or bad table at most once a second */
 #define CACHE_SLOTS 16          /* lookups remembered per process, by peer */
 
 typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
@@ -73,10 +73,7 @@ static struct cached {
 } cache[CACHE_SLOTS];
 static struct {
     int off, log;
-    const void *table;     /* read-only mapping, NULL when none */
-    size_t table_len;
-    int table_missing;     /* 1: no file at all (NO_TABLE), 0: a file, maybe bad */
-    uint64_t next_open_ns; /* earliest time to look for the table again */
+    struct crux_tablemap map; /* the decision table (crux_tablemap.h) */
     struct crux_sockrec *rec; /* this process's counters, NULL until the first counted call */
     int rec_failed;
     char job[CRUX_JOB_ID_LEN];
@@ -144,48 +141,6 @@ static uint64_t now_ns(clockid_t clock)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void table_open(void)
-{
-    static const char empty[1];
-    int fd = open(st.table_path, O_RDONLY | O_CLOEXEC);
-    struct stat sb;
-    st.table_missing = 1;
-    if (fd < 0)
-        return;
-    if (fstat(fd, &sb) == 0) {
-        st.table_missing = 0;
-        st.table = empty; /* an empty file is a bad table, not a missing one */
-        if (sb.st_size > 0) {
-            void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
-            if (p != MAP_FAILED) {
-                st.table = p;
-                st.table_len = (size_t)sb.st_size;
-            }
-        }
-    }
-    close(fd);
-}
-
-/* Keep the mapping current (under the lock): reopen a retired table at once (the writer
- * replaced it), and look again for a missing or unusable one at most once a second. */
-static void table_refresh(void)
-{
-    int usable = st.table != NULL && crux_table_validate(st.table, st.table_len) == 0;
-    if (usable && !crux_table_retired(st.table))
-        return;
-    uint64_t now = now_ns(CLOCK_MONOTONIC_COARSE);
-    if (usable || now >= st.next_open_ns) {
-        if (st.table != NULL && st.table_len > 0)
-            munmap((void *)st.table, st.table_len);
-        st.table = NULL;
-        st.table_len = 0;
-        /* another file: its generation says nothing about what we remember */
-        memset(cache, 0, sizeof cache);
-        table_open();
-        st.next_open_ns = now + REOPEN_NS;
-    }
-}
-
 /* This process's counters (under the lock), made on first use; NULL if they cannot be (no
  * agent directory): the job runs, uncounted. */
 static struct crux_sockrec *rec_file(void)
@@ -232,9 +187,9 @@ static int decision(const uint8_t peer[16], struct crux_table_entry *e)
     uint32_t w[4];
     memcpy(w, peer, 16);
     struct cached *c = &cache[(w[0] ^ w[1] ^ w[2] ^ w[3] ^ (w[3] >> 16)) % CACHE_SLOTS];
-    uint64_t gen = crux_table_generation(st.table);
+    uint64_t gen = crux_table_generation(st.map.table);
     if (!c->used || c->generation != gen || memcmp(c->peer, peer, 16) != 0) {
-        c->found = crux_table_decision(st.table, st.table_len, st.job, peer, &c->e);
+        c->found = crux_table_decision(st.map.table, st.map.len, st.job, peer, &c->e);
         c->generation = gen;
         memcpy(c->peer, peer, 16);
         c->used = 1;
@@ -365,10 +320,11 @@ EXPORT int crux_sock_steer(int fd, const struct sockaddr *addr, socklen_t len,
     if (st.job[0] == '\0') {
         o->outcome = CRUX_SOCK_NO_JOB;
     } else {
-        table_refresh();
-        if (st.table_missing)
+        if (crux_tablemap_refresh(&st.map, st.table_path)) /* another file: what we */
+            memset(cache, 0, sizeof cache);                /* remember says nothing */
+        if (st.map.missing)
             o->outcome = CRUX_SOCK_NO_TABLE;
-        else if (crux_table_validate(st.table, st.table_len) != 0)
+        else if (crux_table_validate(st.map.table, st.map.len) != 0)
             o->outcome = CRUX_SOCK_BAD_TABLE;
         else if ((found = decision(peer, &e)) < 0)
             o->outcome = CRUX_SOCK_NO_ENTRY;

@@ -9,6 +9,7 @@ file is skipped with a reason, never trusted.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -124,15 +125,16 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def read_file(path: Path) -> bytes:
-    """One records file's bytes, read without trusting it: the directory is writable by every
-    job, so a name may be a link (to /dev/zero, say), a FIFO or a huge file. No links, regular
-    files only, never blocking, at most the size the shim writes."""
+def read_untrusted(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a file a job may have planted: the records directory is
+    writable by every job, so a name may be a link (to /dev/zero, say), a FIFO or a huge file.
+    No links, regular files only, never blocking; read(2), never mmap, which a job truncating
+    its file would turn into SIGBUS here. OSError otherwise."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RecordsError("not a regular file")
-        return os.pread(fd, MAX_FILE, 0)
+            raise OSError(errno.EINVAL, "not a regular file")
+        return os.pread(fd, limit, 0)
     finally:
         os.close(fd)
 
@@ -152,7 +154,7 @@ def read_dir(path: str | os.PathLike[str], *, prune: bool = False
         return out, problems
     for p in names:
         try:
-            rec = parse(read_file(p))
+            rec = parse(read_untrusted(p, MAX_FILE))
         except (OSError, RecordsError) as exc:
             problems.append(f"{p}: {exc}")
             continue

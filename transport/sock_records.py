@@ -14,12 +14,11 @@ read without a lock: each is a monotonic u64, and a count that is one behind is 
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from transport.qp_records import _alive
+from transport.qp_records import _alive, read_untrusted
 
 MAGIC = 0x314B4F5358555243  # b"CRUXSOK1" as a little-endian u64
 VERSION = 1
@@ -65,13 +64,7 @@ def parse(buf: bytes) -> SockCounts:
 
 def read_file(path: Path) -> SockCounts:
     """Read and parse one file without trusting it (see the module doc)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SockRecordError("not a regular file")
-        return parse(os.pread(fd, SIZE, 0))
-    finally:
-        os.close(fd)
+    return parse(read_untrusted(path, SIZE))
 
 
 def read_dir(path: str | os.PathLike[str], *, prune: bool = False
