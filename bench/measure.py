@@ -115,7 +115,7 @@ def agent_rows(seconds: float) -> list[list[object]]:
     from pathlib import Path
 
     from cruxd.agent.measuring import LiveMeasurement
-    from cruxd.daemon.config_model import MeasureConfig
+    from cruxd.config.model import MeasureConfig
 
     names = tuple(sorted(p.name for p in Path("/sys/class/net").iterdir()))
     rows: list[list[object]] = []

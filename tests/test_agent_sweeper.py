@@ -7,8 +7,8 @@ import asyncio
 import ipaddress
 
 from cruxd.agent.sweeper import SweepProbing
+from cruxd.config.load import parse_config
 from cruxd.control.records import HostPlan, JobAssignment, JobState, PeerRoute
-from cruxd.daemon.config import parse_config
 from probing.schedule import ProbeSchedule
 from probing.sweep import SweepResult
 from tests.test_probing_core import HashProber

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cruxd.agent.measuring import LiveMeasurement, belongs
+from cruxd.config.model import MeasureConfig
 from cruxd.control.records import HostPlan, JobAssignment, JobState, LocalJob, Measurement
-from cruxd.daemon.config_model import MeasureConfig
 from cruxd.measure.csampler import SamplerUnavailable, load_library
 from cruxd.measure.estimate import estimate_job
 from cruxd.measure.gpu import GpuInfo, GpuSample

@@ -14,6 +14,7 @@ import pytest
 
 from cruxd.agent.core import plan_decisions
 from cruxd.agent.sweeper import SweepProbing
+from cruxd.config.load import parse_config
 from cruxd.control.cluster import ClusterState
 from cruxd.control.planning import LeaderPlanConfig, make_plan, plan_inputs
 from cruxd.control.records import (
@@ -27,7 +28,6 @@ from cruxd.control.records import (
     ProbedPath,
 )
 from cruxd.control.validate import InvalidMessage, check_host_plan, check_report
-from cruxd.daemon.config import parse_config
 from cruxd.rpc import convert
 from probing.schedule import ProbeSchedule
 from probing.sweep import SweepResult

@@ -26,11 +26,11 @@ from cruxd.agent.sources import (
 )
 from cruxd.agent.sweeper import SweepProbing
 from cruxd.agent.uplink import LeaderLink
+from cruxd.config.model import Config
+from cruxd.config.statefile import write_atomic
 from cruxd.control.codec import from_dict, to_dict
 from cruxd.control.records import AgentReport, HostInventory, HostPlan, LocalJob, Measurement
 from cruxd.control.validate import InvalidMessage, check_host_plan, check_local_job
-from cruxd.daemon.config_model import Config
-from cruxd.daemon.statefile import write_atomic
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cruxd.agent.inventory import netdevs_for
+from cruxd.config.model import MeasureConfig
 from cruxd.control.records import (
     HostPlan,
     JobState,
@@ -40,7 +41,6 @@ from cruxd.control.records import (
     Measurement,
     Nic,
 )
-from cruxd.daemon.config_model import MeasureConfig
 from cruxd.measure.csampler import BatchSampler, SamplerUnavailable
 from cruxd.measure.estimate import JobEstimate, estimate_job
 from cruxd.measure.gpu import GpuBackend, GpuInfo, GpuSample, NvmlUnavailable, open_backend

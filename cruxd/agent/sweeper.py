@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from cruxd.config.model import ProbingConfig
 from cruxd.control.records import HostPlan, PathTable, ProbedPath
-from cruxd.daemon.config_model import ProbingConfig
 from probing.int_prober import IntProber
 from probing.responder import ProbeResponder
 from probing.schedule import PeerState, ProbeSchedule

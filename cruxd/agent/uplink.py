@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import grpc
 
+from cruxd.config.model import TlsConfig
 from cruxd.control.records import AgentReport, HostPlan
-from cruxd.daemon.config_model import TlsConfig
 from cruxd.rpc import convert, tls
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb

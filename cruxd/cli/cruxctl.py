@@ -13,14 +13,13 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from cruxd import __version__
 from cruxd.cli import hints, live, measure, place, probe
+from cruxd.cli.common import DEFAULT_SCENARIO
+from cruxd.cli.common import console as _console
+from cruxd.cli.common import resolve_scenario as _resolve
 from cruxd.errors import CruxError, ScenarioError, UsageError
-from cruxd.scenario import bundled, bundled_names, load_scenario
-
-DEFAULT_SCENARIO = "testbed96"
+from cruxd.scenario import bundled_names, load_scenario
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,28 +95,6 @@ def _parser() -> argparse.ArgumentParser:
     hints.add_parser(sub)
     place.add_parser(sub)
     return p
-
-
-def _resolve(arg: str | None) -> Path:
-    if arg is None:
-        print(f"cruxctl: no scenario given, planning the bundled '{DEFAULT_SCENARIO}'",
-              file=sys.stderr)
-        arg = DEFAULT_SCENARIO
-    path = Path(arg)
-    if path.exists():
-        return path
-    found = bundled(arg)
-    if found is not None:
-        return found
-    raise UsageError(f"{arg}: no such file, nor a bundled scenario "
-                     f"(bundled: {', '.join(bundled_names())})")
-
-
-def _console() -> Console:
-    console = Console()
-    if not console.is_terminal:  # pipes and logs: wide enough that no number is cut
-        console = Console(width=120)
-    return console
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _scenario_text(scenario: str, fmt: str) -> str:
-    from cruxd.cli.cruxctl import _resolve
+    from cruxd.cli.common import resolve_scenario as _resolve
     from cruxd.hints.collect import level_loads, used_gpus
     from cruxd.hints.render import render
     from cruxd.hints.view import JobHint, build_view

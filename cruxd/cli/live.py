@@ -43,7 +43,7 @@ def add_target_args(p: argparse.ArgumentParser, leader: bool = True,
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from cruxd.daemon.config import load_config
+    from cruxd.config.load import load_config
 
     return load_config(args.config)
 
@@ -55,7 +55,7 @@ def agent_socket(explicit: str | None, config: Path | None) -> str:
         return str(explicit)
     if os.environ.get("CRUX_SOCKET") and config is None:
         return os.environ["CRUX_SOCKET"]
-    from cruxd.daemon.config import load_config
+    from cruxd.config.load import load_config
 
     return str(load_config(config).agent.socket)
 
@@ -92,7 +92,7 @@ def leader_call(args: argparse.Namespace, method: str, request: Any = None) -> A
 
     import grpc
 
-    from cruxd.daemon.hostport import parse_hostport
+    from cruxd.config.hostport import parse_hostport
     from cruxd.rpc import tls
     from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
     from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
@@ -104,7 +104,7 @@ def leader_call(args: argparse.Namespace, method: str, request: Any = None) -> A
     tls_config = _config(args).tls if args.config else None
 
     async def call() -> Any:
-        from cruxd.daemon.config_model import TlsConfig
+        from cruxd.config.model import TlsConfig
 
         ch = tls.channel(args.leader, tls_config or TlsConfig(None, None, None, None))
         try:
@@ -138,7 +138,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        from cruxd.cli.cruxctl import _console
+        from cruxd.cli.common import console as _console
 
         print_status(_console(), agent, cluster, time.time())
     return 0
@@ -152,7 +152,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         json.dump(to_json(reply.jobs), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        from cruxd.cli.cruxctl import _console
+        from cruxd.cli.common import console as _console
 
         print_jobs(_console(), list(reply.jobs.jobs))
     return 0
@@ -165,7 +165,7 @@ def cmd_plan_live(args: argparse.Namespace) -> int:
         json.dump(plan, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    from cruxd.cli.cruxctl import _console
+    from cruxd.cli.common import console as _console
     from cruxd.cli.status_view import print_live_plan
 
     print_live_plan(_console(), plan)

@@ -21,9 +21,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from cruxd import __version__
-from cruxd.daemon.config import ConfigError, load_config, restart_required
-from cruxd.daemon.config_model import Config, changed_keys
-from cruxd.daemon.hostport import format_hostport, parse_hostport
+from cruxd.config.hostport import format_hostport, parse_hostport
+from cruxd.config.load import ConfigError, load_config, restart_required
+from cruxd.config.model import Config, changed_keys
 from cruxd.daemon.logs import setup_logging
 from cruxd.daemon.metrics import Metrics
 from cruxd.daemon.notify import Notifier, watchdog_loop

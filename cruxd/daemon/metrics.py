@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cruxd.daemon.hostport import parse_hostport
+from cruxd.config.hostport import parse_hostport
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import grpc
 
+from cruxd.config.model import Config
 from cruxd.control.cluster import ClusterState
 from cruxd.control.planning import LeaderPlanConfig, PublishedPlan, make_plan, plan_inputs
 from cruxd.control.validate import InvalidMessage, check_host_id, check_report
-from cruxd.daemon.config_model import Config
 from cruxd.hints.render import FORMATS
 from cruxd.leader import store
 from cruxd.leader.hints import LeaderHints

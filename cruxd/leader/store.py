@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cruxd.config.statefile import write_atomic
 from cruxd.control.cluster import AgentRecord, ClusterState, JobRecord
 from cruxd.control.codec import from_dict, to_dict
 from cruxd.control.planning import PublishedPlan
-from cruxd.daemon.statefile import write_atomic
 
 LOG = logging.getLogger(__name__)
 FORMAT = "crux-leader-state/1"

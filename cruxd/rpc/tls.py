@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from cruxd.daemon.config_model import TlsConfig
+from cruxd.config.model import TlsConfig
 from cruxd.errors import CruxError
 
 KEEPALIVE = [

@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cruxd.daemon.hostport import parse_hostport
+from cruxd.config.hostport import parse_hostport
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 

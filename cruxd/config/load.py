@@ -15,8 +15,9 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from cruxd.daemon.config_measure import parse_measurement
-from cruxd.daemon.config_model import (
+from cruxd.config.hostport import format_hostport, parse_hostport
+from cruxd.config.measure_section import parse_measurement
+from cruxd.config.model import (
     EMBEDDED,
     LIVE_KEYS,
     LOG_LEVELS,
@@ -31,8 +32,8 @@ from cruxd.daemon.config_model import (
     changed_keys,
     restart_required,
 )
-from cruxd.daemon.config_probing import parse_probing
-from cruxd.daemon.config_read import (
+from cruxd.config.probing_section import parse_probing
+from cruxd.config.reader import (
     FieldError,
     Range,
     Section,
@@ -43,7 +44,6 @@ from cruxd.daemon.config_read import (
     home_dir,
     quote_key,
 )
-from cruxd.daemon.hostport import format_hostport, parse_hostport
 from cruxd.errors import UsageError
 
 __all__ = [
