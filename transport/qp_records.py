@@ -9,16 +9,14 @@ file is skipped with a reason, never trusted.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from transport.decision_table import Decision
+from transport.pid_files import scan
 from transport.table_format import gid_text
 
 MAGIC = 0x3153505158555243
@@ -112,60 +110,11 @@ def parse(buf: bytes | memoryview) -> ProcessRecords:
                           tuple(qps))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped) holds no QPs
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def read_untrusted(path: Path, limit: int) -> bytes:
-    """At most `limit` bytes of a file a job may have planted: the records directory is
-    writable by every job, so a name may be a link (to /dev/zero, say), a FIFO or a huge file.
-    No links, regular files only, never blocking; read(2), never mmap, which a job truncating
-    its file would turn into SIGBUS here. OSError otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        return os.pread(fd, limit, 0)
-    finally:
-        os.close(fd)
-
-
 def read_dir(path: str | os.PathLike[str], *, prune: bool = False
              ) -> tuple[list[ProcessRecords], list[str]]:
-    """(records of live processes, problems). With prune, files of processes that are gone
-    are removed (the agent's job); unreadable or foreign files are reported, never removed."""
-    out: list[ProcessRecords] = []
-    problems: list[str] = []
-    root = Path(path)
-    try:
-        # `<pid>` only: the TCP interposer's `sock-<pid>` files share the directory
-        # (transport/sock_records.py); isascii, as str.isdigit also takes "²", which int() refuses
-        names = sorted(p for p in root.iterdir() if p.name.isascii() and p.name.isdigit())
-    except FileNotFoundError:
-        return out, problems
-    for p in names:
-        try:
-            rec = parse(read_untrusted(p, MAX_FILE))
-        except (OSError, RecordsError) as exc:
-            problems.append(f"{p}: {exc}")
-            continue
-        if rec.pid != int(p.name):
-            problems.append(f"{p}: header says pid {rec.pid}")
-        elif not _alive(rec.pid):
-            if prune:
-                p.unlink(missing_ok=True)
-        else:
-            out.append(rec)
-    return out, problems
+    """(records of live processes, problems): the `<pid>` files only, as the TCP
+    interposer's `sock-<pid>` files share the directory (transport/pid_files.py scans)."""
+    return scan(path, "", MAX_FILE, parse, prune=prune)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from transport.qp_records import _alive, read_untrusted
+from transport.pid_files import read_untrusted, scan
 
 MAGIC = 0x314B4F5358555243  # b"CRUXSOK1" as a little-endian u64
 VERSION = 1
@@ -69,31 +69,9 @@ def read_file(path: Path) -> SockCounts:
 
 def read_dir(path: str | os.PathLike[str], *, prune: bool = False
              ) -> tuple[list[SockCounts], list[str]]:
-    """(counters of live processes, problems). With prune, files of processes that are gone
-    are removed (the agent's job); unreadable or foreign files are reported, never removed."""
-    out: list[SockCounts] = []
-    problems: list[str] = []
-    root = Path(path)
-    try:
-        names = sorted(p for p in root.iterdir()
-                       if p.name.startswith(PREFIX) and p.name.isascii()
-                       and p.name[len(PREFIX):].isdigit())
-    except (FileNotFoundError, NotADirectoryError):
-        return out, problems
-    for p in names:
-        try:
-            rec = read_file(p)
-        except (OSError, SockRecordError) as exc:
-            problems.append(f"{p}: {exc}")
-            continue
-        if rec.pid != int(p.name[len(PREFIX):]):
-            problems.append(f"{p}: header says pid {rec.pid}")
-        elif not _alive(rec.pid):
-            if prune:
-                p.unlink(missing_ok=True)
-        else:
-            out.append(rec)
-    return out, problems
+    """(counters of live processes, problems) from the `sock-<pid>` files; with prune, files
+    of processes that are gone are removed (transport/pid_files.py scans)."""
+    return scan(path, PREFIX, SIZE, parse, prune=prune)
 
 
 @dataclass(frozen=True)
