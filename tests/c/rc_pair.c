@@ -30,6 +30,8 @@
 
 #define DIE(...) do { fprintf(stderr, "rc_pair: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 
+#include "verbs_loader.h"
+
 static struct {
     struct ibv_device **(*get_device_list)(int *);
     void (*free_device_list)(struct ibv_device **);
@@ -77,39 +79,10 @@ static const char *const nccl_symbols[] = {
     "ibv_modify_qp", "ibv_destroy_qp", "ibv_fork_init", "ibv_event_type_str",
 };
 
-static void *sym(void *h, const char *name)
-{
-    void *p = dlvsym(h, name, "IBVERBS_1.1");
-    if (p == NULL)
-        DIE("dlvsym(%s, IBVERBS_1.1): %s", name, dlerror());
-    return p;
-}
-
-#ifndef NCCL_LOADER
-#define NCCL_LOADER 230
-#endif
-
 /* Verbs NCCL takes at a newer version when the library has them, silently otherwise. */
 static const char *const nccl_optional[][2] = {
     {"ibv_reg_mr_iova2", "IBVERBS_1.8"}, {"ibv_reg_dmabuf_mr", "IBVERBS_1.12"},
 };
-
-static void *open_verbs(void)
-{
-    void *h = NULL;
-#if NCCL_LOADER >= 230
-    const char *lib = getenv("NCCL_IBVERBS_LIB");
-    if (lib != NULL && lib[0] != '\0')
-        h = dlopen(lib, RTLD_NOW);
-#endif
-    if (h == NULL)
-        h = dlopen("libibverbs.so", RTLD_NOW);
-    if (h == NULL)
-        h = dlopen("libibverbs.so.1", RTLD_NOW);
-    if (h == NULL)
-        DIE("dlopen(libibverbs.so[.1]): %s", dlerror());
-    return h;
-}
 
 static void print_file(const char *name, void *fn)
 {
@@ -278,22 +251,6 @@ static void print_qp(const char *name, struct ibv_qp *qp)
         DIE("query_qp failed");
     printf("\"%s\": {\"qpn\": %u, \"flow_label\": %u, \"traffic_class\": %u}", name,
            qp->qp_num, a.ah_attr.grh.flow_label, a.ah_attr.grh.traffic_class);
-}
-
-static long arg(int argc, char **argv, const char *name, long dflt)
-{
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], name) == 0)
-            return strtol(argv[i + 1], NULL, 0);
-    return dflt;
-}
-
-static const char *sarg(int argc, char **argv, const char *name, const char *dflt)
-{
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], name) == 0)
-            return argv[i + 1];
-    return dflt;
 }
 
 int main(int argc, char **argv)

@@ -3,8 +3,8 @@
  * given time and report the completed bytes as it goes: the traffic of one job for the PCIe
  * gate's rig test (tests/test_rdma_pcie.py).
  *
- * Verbs are loaded the way NCCL loads them: dlopen($NCCL_IBVERBS_LIB, else libibverbs.so.1)
- * and dlvsym(handle, name, "IBVERBS_1.1"); ibv_post_send/ibv_poll_cq are verbs.h's inline
+ * Verbs are loaded the way NCCL >= 2.30 loads them (verbs_loader.h): $NCCL_IBVERBS_LIB, else
+ * the names, and dlvsym(handle, name, "IBVERBS_1.1"); ibv_post_send/ibv_poll_cq are verbs.h's inline
  * calls through the context's ops table, as in NCCL. It keeps --depth signaled WRITEs of
  * --size bytes in flight from --dev-a to --dev-b: every completion polled (one at a time) is
  * followed by one new post, so the QP never drains while it streams. SIGTERM ends the stream
@@ -31,6 +31,8 @@
 #include <unistd.h>
 
 #define DIE(...) do { fprintf(stderr, "rdma_stream: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
+
+#include "verbs_loader.h"
 
 static struct {
     struct ibv_device **(*get_device_list)(int *);
@@ -67,20 +69,9 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void *sym(void *h, const char *name)
-{
-    void *p = dlvsym(h, name, "IBVERBS_1.1");
-    if (p == NULL)
-        DIE("dlvsym(%s, IBVERBS_1.1): %s", name, dlerror());
-    return p;
-}
-
 static void load_verbs(void)
 {
-    const char *lib = getenv("NCCL_IBVERBS_LIB");
-    void *h = dlopen(lib != NULL && lib[0] ? lib : "libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL)
-        DIE("dlopen: %s", dlerror());
+    void *h = open_verbs();
     v.get_device_list = sym(h, "ibv_get_device_list");
     v.get_device_name = sym(h, "ibv_get_device_name");
     v.open_device = sym(h, "ibv_open_device");
@@ -167,22 +158,6 @@ static void *reporter(void *arg)
         printf("{\"t\": %.6f, \"bytes\": %llu}\n", now(), atomic_load(&completed));
     }
     return NULL;
-}
-
-static long arg(int argc, char **argv, const char *name, long dflt)
-{
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], name) == 0)
-            return strtol(argv[i + 1], NULL, 0);
-    return dflt;
-}
-
-static const char *sarg(int argc, char **argv, const char *name, const char *dflt)
-{
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], name) == 0)
-            return argv[i + 1];
-    return dflt;
 }
 
 int main(int argc, char **argv)
