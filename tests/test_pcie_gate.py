@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.cbuild import build
+from tests.daemons import wait_for
 from tests.test_pcie_links import GATE_SOURCES
 from transport.pcie import PcieLocks
 from transport.pcie_links import DeviceLink, LinkMap, write_map
@@ -27,14 +28,6 @@ from transport.pcie_links import DeviceLink, LinkMap, write_map
 DEADLINE = 30.0
 LINK = 1  # mlx5_0's link in the map below
 UNGATED = {"error": 0, "timeout": 1, "self": 2, "untracked": 3}
-
-
-def wait_until(pred: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 class Drive:
@@ -164,11 +157,11 @@ def test_lower_level_waits_inside_post_while_the_higher_is_active(
     lo("qp 0", "post 0 1")
     hi("qp 0")
     hi.send("post 0 1")  # the link is lo's: hi queues at its level
-    wait_until(lambda: sem.stats(LINK).waiters[5] == 1, "hi queued")
+    wait_for("hi queued", lambda: sem.stats(LINK).waiters[5] == 1, DEADLINE, 0.005)
     assert not hi.answered()
     lo.send("post 0 1")  # lo's next post sees a higher level waiting and yields
     assert hi.answer() == "ok"
-    wait_until(lambda: sem.stats(LINK).waiters[1] == 1, "lo queued behind hi")
+    wait_for("lo queued behind hi", lambda: sem.stats(LINK).waiters[1] == 1, DEADLINE, 0.005)
     assert sem.stats(LINK).holder_pid == hi.pid
     hi("post 0 4", "done 0 3")  # a lower waiter never makes the holder yield
     assert sem.stats(LINK).holder_pid == hi.pid and not lo.answered()
@@ -186,7 +179,7 @@ def test_equal_levels_take_turns_after_the_quantum(rig: Callable[..., Drive],
     patient("qp 0", "post 0 1")
     b("qp 0")
     b.send("post 0 1")
-    wait_until(lambda: sem.stats(LINK).waiters[3] == 1, "b queued")
+    wait_for("b queued", lambda: sem.stats(LINK).waiters[3] == 1, DEADLINE, 0.005)
     patient("post 0 1")  # its quantum (100 s) is far from over: it keeps the link
     assert sem.stats(LINK).holder_pid == patient.pid
     patient("done 0 2")
@@ -194,11 +187,11 @@ def test_equal_levels_take_turns_after_the_quantum(rig: Callable[..., Drive],
     eager = rig(3, quantum_us=0)  # every equal waiter ends its turn at once
     eager("qp 0")
     eager.send("post 0 1")
-    wait_until(lambda: sem.stats(LINK).waiters[3] == 1, "eager queued")
+    wait_for("eager queued", lambda: sem.stats(LINK).waiters[3] == 1, DEADLINE, 0.005)
     time.sleep(0.01)  # at least b's quantum (1 ms) since it took the link
     b.send("post 0 1")  # b yields at this post
     assert eager.answer() == "ok"
-    wait_until(lambda: sem.stats(LINK).waiters[3] == 1, "b queued behind eager")
+    wait_for("b queued behind eager", lambda: sem.stats(LINK).waiters[3] == 1, DEADLINE, 0.005)
     eager.send("post 0 1")  # and eager hands it straight back
     assert b.answer() == "ok"
     b("done 0 2")
@@ -212,7 +205,7 @@ def test_a_killed_holder_lets_the_waiter_through(rig: Callable[..., Drive],
     hi("qp 0", "post 0 8")
     lo("qp 0")
     lo.send("post 0 1")
-    wait_until(lambda: sem.stats(LINK).waiters[1] == 1, "lo queued")
+    wait_for("lo queued", lambda: sem.stats(LINK).waiters[1] == 1, DEADLINE, 0.005)
     hi.p.send_signal(signal.SIGKILL)  # mid-transfer, holding the link; not reaped yet
     assert lo.answer() == "ok"
     assert sem.stats(LINK).holder_pid == lo.pid and sem.stats(LINK).recovered >= 1

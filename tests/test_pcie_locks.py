@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.daemons import wait_for
 from transport.pcie import (
     LEVELS,
     QUEUE_LEN,
@@ -32,14 +33,6 @@ from transport.pcie import (
 
 CTX = mp.get_context("fork")
 DEADLINE = 30.0
-
-
-def wait_until(pred: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 @pytest.fixture
@@ -99,7 +92,7 @@ def _queue(locks: PcieLocks, path: Path, link: int, arrivals: list[int],
         def queued(n: int = i + 1) -> bool:
             return sum(locks.stats(link).waiters) == n
 
-        wait_until(queued, f"{i + 1} queued")
+        wait_for(f"{i + 1} queued", queued, DEADLINE, 0.005)
     return procs
 
 
@@ -181,7 +174,7 @@ def test_timeout_leaves_the_queue(locks: PcieLocks, path: Path, tmp_path: Path) 
 
 def test_killed_holder_is_recovered(locks: PcieLocks, path: Path) -> None:
     child = _start(_hold_forever, path, 0)
-    wait_until(lambda: locks.stats(0).holder_pid == child.pid, "child holds")
+    wait_for("child holds", lambda: locks.stats(0).holder_pid == child.pid, DEADLINE, 0.005)
     assert child.pid is not None
     os.kill(child.pid, signal.SIGKILL)  # not reaped yet: a zombie must count as dead too
     locks.acquire(0, 0, timeout=DEADLINE)
@@ -256,9 +249,10 @@ def test_killed_under_contention(locks: PcieLocks, path: Path, tmp_path: Path) -
     counter = tmp_path / "counter"
     counter.write_bytes(bytes(8))
     victim = _start(_churn_forever, path)
-    wait_until(lambda: locks.stats(0).grants > 200, "victim running")
+    wait_for("victim running", lambda: locks.stats(0).grants > 200, DEADLINE, 0.005)
     workers = [_start(_stress, path, counter, 300, r) for r in range(2)]
-    wait_until(lambda: struct.unpack("<q", counter.read_bytes())[0] > 50, "workers running")
+    wait_for("workers running",
+             lambda: struct.unpack("<q", counter.read_bytes())[0] > 50, DEADLINE, 0.005)
     assert victim.pid is not None
     os.kill(victim.pid, signal.SIGKILL)
     _join_ok(*workers)
@@ -282,7 +276,7 @@ def test_queue_full(locks: PcieLocks) -> None:
     threads = [threading.Thread(target=waiter) for _ in range(QUEUE_LEN)]
     for t in threads:
         t.start()
-    wait_until(lambda: sum(locks.stats(0).waiters) == QUEUE_LEN, "queue full")
+    wait_for("queue full", lambda: sum(locks.stats(0).waiters) == QUEUE_LEN, DEADLINE, 0.005)
     with pytest.raises(PcieLockError) as e:
         locks.acquire(0, 7)
     assert e.value.errno == errno.ENOSPC
