@@ -7,9 +7,6 @@ import argparse
 import contextlib
 import math
 import os
-import platform
-import shlex
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -18,7 +15,7 @@ from typing import Any
 import grpc
 import numpy as np
 from _workload import NICS_PER_HOST, JobSpec, host_id  # bench/ is on sys.path
-from tables import table
+from tables import preamble, table
 
 TICK = os.sysconf("SC_CLK_TCK")
 TARGET_ALL_S = 1.0
@@ -80,9 +77,7 @@ def dist_row(name: str, xs: Sequence[float], target: str = "") -> list[str]:
 
 def print_header(args: argparse.Namespace, arrivals: int) -> None:
     """The command line, the software and the machine, before anything runs."""
-    print("$ " + shlex.join(sys.orig_argv))
-    print(f"# python {platform.python_version()}, grpcio {grpc.__version__}, "
-          f"{platform.machine()} x{os.cpu_count()}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    preamble(f"grpcio {grpc.__version__}")
     print(f"# NOTE: the leader, {args.workers} agent worker processes and the real agent "
           f"share {os.cpu_count()} CPU cores: client-side load competes with the leader.",
           flush=True)

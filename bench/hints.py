@@ -15,13 +15,11 @@ Protocol
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import shlex
 import statistics
-import sys
 import time
 from collections.abc import Sequence
+
+from tables import preamble  # bench/ is on sys.path when run as a script
 
 from cruxd.hints.bandwidth import BandwidthSample
 from cruxd.hints.render import FORMATS, render
@@ -55,9 +53,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
-    print("$ " + shlex.join(sys.orig_argv))
-    print(f"# python {platform.python_version()}, {platform.machine()} x{os.cpu_count()} "
-          f"cores, {time.strftime('%Y-%m-%d %H:%M:%S')}\n", flush=True)
+    preamble()
+    print()
     fabrics = [("clos2 2,000 GPUs", clos2(125, 16, 2, name="clos2-2000")),
                ("trace-clos 2,768 GPUs", trace_clos())]
     rows = []

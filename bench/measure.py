@@ -24,17 +24,13 @@ Protocol
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import shlex
-import sys
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
 # bench/ is on sys.path when run as a script
-from tables import table
+from tables import preamble, table
 
 from cruxd.measure.period import estimate_period
 
@@ -155,10 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=100, help="calls per timing batch")
     ap.add_argument("--sampler-s", type=float, default=10.0, help="NIC sampler run length")
     args = ap.parse_args(argv)
-    print("$ " + shlex.join(sys.orig_argv))
-    print(f"# python {platform.python_version()}, numpy {np.__version__}, "
-          f"{platform.machine()} x{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}",
-          flush=True)
+    preamble(f"numpy {np.__version__}")
     print()
     print(table(["noise std / burst", "seeds", "None frac", "median |err| %", "p95 |err| %",
                  "max |err| %"], [accuracy(lv, args.seeds) for lv in LEVELS]))

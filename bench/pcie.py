@@ -25,12 +25,8 @@ Protocol
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -39,7 +35,7 @@ from pathlib import Path
 from _make import BUILD, ensure_built
 
 # bench/ is on sys.path when run as a script
-from tables import table
+from tables import preamble, table
 
 from transport.pcie import PcieLocks
 
@@ -100,9 +96,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--procs", default="2,4", help="contended process counts")
     ap.add_argument("--gate-iters", type=int, default=2_000_000, help="calls per gate case")
     args = ap.parse_args(argv)
-    print("$ " + shlex.join(sys.orig_argv))
-    print(f"# python {platform.python_version()}, {platform.machine()} x{os.cpu_count()} cores, "
-          f"{time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    preamble()
     ensure_built(BENCH, "pcie")
     ensure_built(GATE, "gate")
     rows = []

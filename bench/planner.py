@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import platform
-import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from tables import table  # bench/ is on sys.path when run as a script
+from tables import preamble, table  # bench/ is on sys.path when run as a script
 
 from cruxd.model.jobs import Job, ring_allreduce
 from cruxd.model.plan import Plan
@@ -192,9 +189,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     cases = args.cases if args.cases is not None else (200 if args.quick else 1500)
-    print("$ " + shlex.join(sys.orig_argv))
-    print(f"# python {platform.python_version()}, numpy {np.__version__}, "
-          f"{platform.machine()} x{os.cpu_count()}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    preamble(f"numpy {np.__version__}")
     start = time.perf_counter()
     print()
     part_a(cases, args.seed)

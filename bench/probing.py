@@ -30,10 +30,8 @@ import argparse
 import ipaddress
 import json
 import math
-import os
 import platform
 import random
-import shlex
 import statistics
 import sys
 import time
@@ -42,7 +40,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from tables import table  # bench/ is on sys.path when run as a script
+from tables import preamble, table  # bench/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.rig
@@ -339,9 +337,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.trials = 50 if args.quick else 200
     rig_trials = 2 if args.quick else 8
     started = time.monotonic()
-    print("$ " + shlex.join(sys.orig_argv))
-    print(f"# python {platform.python_version()}, {platform.machine()} x{os.cpu_count()}, "
-          f"kernel {platform.release()}, {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    preamble(f"kernel {platform.release()}")
     res: dict[str, Any] = {"trials": args.trials, "seed": args.seed}
     res["blind"] = blind(args.trials, args.seed)
     print(f"    ... (a) done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)

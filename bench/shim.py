@@ -21,20 +21,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from _make import BUILD, ensure_built
 
 # bench/ is on sys.path when run as a script
-from tables import table
+from tables import preamble, table
 
 from transport import native
 
@@ -88,9 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--device", help="also time the real call on this RDMA device")
     ap.add_argument("--modify-iters", type=int, default=2000)
     args = ap.parse_args(argv)
-    print("$ " + shlex.join(sys.orig_argv))
-    print(f"# python {platform.python_version()}, {platform.machine()} x{os.cpu_count()} cores, "
-          f"{time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    preamble()
     ensure_built(BUILD / "bench_shim", "verbs")
     print("\n(a) decision lookup and the wrapper's own work, native, no NIC (ns per call)")
     print(table(["entries", "per-peer hit", "job-wide", "miss", "record", "fixed",

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import platform
-import shlex
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from tables import table  # bench/ is on sys.path when run as a script
+from tables import preamble, table  # bench/ is on sys.path when run as a script
 
 from cruxd.model.topology import Topology
 from cruxd.sim.policies import POLICIES, make_policy
@@ -150,9 +146,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.quick:
         args.days, args.jobs = 0.25, 90
-    print("$ " + shlex.join(sys.orig_argv))
-    print(f"# python {platform.python_version()}, numpy {np.__version__}, "
-          f"{platform.machine()} x{os.cpu_count()}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    preamble(f"numpy {np.__version__}")
     print(f"# trace: {args.jobs} jobs over {args.days:g} days, seed {args.seed}, "
           f"bytes x{args.bytes_scale:g}; "
           f"SimConfig(levels=8, window_s={args.window_s:g}, "

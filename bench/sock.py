@@ -22,21 +22,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import shlex
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from _make import BUILD, ensure_built
 
 # bench/ is on sys.path when run as a script
-from tables import table
+from tables import preamble, table
 
 from transport import native
 from transport.decision_table import Decision, TableWriter
@@ -81,9 +77,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--iters", type=int, default=20_000, help="iterations per variant and run")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
-    print("$ " + shlex.join(sys.orig_argv))
-    print(f"# python {platform.python_version()}, {platform.machine()} x{os.cpu_count()} cores, "
-          f"{time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    preamble()
     ensure_built(BUILD / "bench_sock", "sock")
     lib = str(native.library(native.SOCK))
     base_env = {k: v for k, v in os.environ.items()

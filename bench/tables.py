@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import shlex
+import sys
+import time
 from collections.abc import Sequence
 
 
@@ -11,3 +16,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     line = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
                       enumerate(zip(r, widths, strict=True))) for r in cells]
     return "\n".join([line[0], "  ".join("-" * w for w in widths), *line[1:]])
+
+
+def preamble(*extra: str) -> None:
+    """The first lines of every benchmark's output: the exact command that made it, then the
+    interpreter, `extra` (library versions, the kernel), the machine and the time."""
+    print("$ " + shlex.join(sys.orig_argv))
+    env = [f"python {platform.python_version()}", *extra,
+           f"{platform.machine()} x{os.cpu_count()} cores", time.strftime("%Y-%m-%d %H:%M:%S")]
+    print("# " + ", ".join(env), flush=True)
