@@ -3,6 +3,8 @@ on it (the path selection returns the probed source ports)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from cruxd.control.cluster import ClusterState
@@ -99,14 +101,18 @@ def ring(jid: str, rank: int, flops: float) -> LocalJob:
         flops_per_iter=flops, compute_s=1.0, allreduce_bytes=2e9))
 
 
-def state(paths: bool = True) -> ClusterState:
+def state(paths: bool = True,
+          table_of: Callable[[int, int], PathTable] | None = None) -> ClusterState:
+    """Jobs big (h0, h2) and small (h1, h3) on the 2x2 fabric, each host reporting its path
+    table toward its job's peer (`table_of(host, peer)`, default `table`), profiled."""
+    table_of = table_of or table
     s = ClusterState(agent_timeout_s=30, change_threshold=0.1, profiling_s=0)
     jobs = {0: ring("big", 0, 1e12), 2: ring("big", 1, 1e12),
             1: ring("small", 0, 1e13), 3: ring("small", 1, 1e13)}
     peer = {0: 2, 2: 0, 1: 3, 3: 1}
     for k in range(4):
         inv = HostInventory(f"h{k}", gpus=8, nics=nics()[f"h{k}"], probing_source="sweep")
-        tables = (table(k, peer[k]),) if paths else ()
+        tables = (table_of(k, peer[k]),) if paths else ()
         s.ingest(AgentReport(inv, (jobs[k],), tables), 0)
     s.advance_profiling(0, enabled=False)
     return s

@@ -15,7 +15,6 @@ import pytest
 from cruxd.agent.core import plan_decisions
 from cruxd.agent.sweeper import SweepProbing
 from cruxd.config.load import parse_config
-from cruxd.control.cluster import ClusterState
 from cruxd.control.planning import LeaderPlanConfig, make_plan, plan_inputs
 from cruxd.control.records import (
     AgentReport,
@@ -31,7 +30,7 @@ from cruxd.control.validate import InvalidMessage, check_host_plan, check_report
 from cruxd.rpc import convert
 from probing.schedule import ProbeSchedule
 from probing.sweep import SweepResult
-from tests.test_discovery import addr, hops, nics, ring
+from tests.test_discovery import addr, hops, state
 from tests.test_probing_core import HashProber
 
 TCP = (61003, 61004, 61007)
@@ -46,18 +45,14 @@ def tcp_table(src: int, dst: int) -> PathTable:
 
 
 def test_the_route_carries_the_tcp_ports_of_the_chosen_path() -> None:
-    s = ClusterState(agent_timeout_s=30, change_threshold=0.1, profiling_s=0)
-    jobs = {0: ring("big", 0, 1e12), 2: ring("big", 1, 1e12),
-            1: ring("small", 0, 1e13), 3: ring("small", 1, 1e13)}
-    peer = {0: 2, 2: 0, 1: 3, 3: 1}
-    for k in range(4):
-        inv = HostInventory(f"h{k}", gpus=8, nics=nics()[f"h{k}"], probing_source="sweep")
-        table = tcp_table(k, peer[k])
+    def table_of(k: int, peer: int) -> PathTable:
+        table = tcp_table(k, peer)
         if k == 3:  # h3 probed TCP on neither path: its route keeps only the UDP port
             table = replace(table, paths=tuple(replace(p, tcp_sports=(), tcp_dport=0)
                                                for p in table.paths))
-        s.ingest(AgentReport(inv, (jobs[k],), (table,)), 0)
-    s.advance_profiling(0, enabled=False)
+        return table
+
+    s = state(table_of=table_of)
     plan = make_plan(plan_inputs(s, 1.0), None, LeaderPlanConfig(4), 1, 1.0)
     spines = {}
     for a in plan.jobs:
