@@ -49,16 +49,27 @@ void crux_repath_configure(const struct crux_repath_hooks *h, unsigned ms, int l
     pthread_atfork(NULL, NULL, child_after_fork);
 }
 
-/* libmlx5's two calls, if libibverbs loaded it (RTLD_NOLOAD: never load it ourselves). */
-static int resolve(supported_fn *supported, sport_fn *set_sport)
+/* libmlx5's two calls, once libibverbs has loaded it (RTLD_NOLOAD: never load it ourselves).
+ * Looked up until found, then kept: libibverbs never unloads a provider it loaded. Under
+ * `rlock`. */
+static supported_fn mlx5_supported;
+static sport_fn mlx5_set_sport;
+
+static int resolve(void)
 {
+    if (mlx5_set_sport != NULL)
+        return 0;
     void *h = dlopen("libmlx5.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (h == NULL)
         return -1;
-    *supported = (supported_fn)dlsym(h, "mlx5dv_is_supported");
-    *set_sport = (sport_fn)dlsym(h, "mlx5dv_modify_qp_udp_sport");
+    supported_fn supported = (supported_fn)dlsym(h, "mlx5dv_is_supported");
+    sport_fn set_sport = (sport_fn)dlsym(h, "mlx5dv_modify_qp_udp_sport");
     dlclose(h); /* drops our reference only: libibverbs keeps the provider loaded */
-    return *supported != NULL && *set_sport != NULL ? 0 : -1;
+    if (supported == NULL || set_sport == NULL)
+        return -1;
+    mlx5_supported = supported;
+    mlx5_set_sport = set_sport;
+    return 0;
 }
 
 static void *loop(void *arg)
@@ -74,13 +85,14 @@ static void *loop(void *arg)
 
 int crux_repath_track(struct ibv_qp *qp, const uint8_t dgid[16], uint16_t sport)
 {
-    supported_fn supported;
-    sport_fn set_sport;
-    if (qp == NULL || hooks.decided_sport == NULL || resolve(&supported, &set_sport) != 0 ||
-        !supported(qp->context->device))
+    if (qp == NULL || hooks.decided_sport == NULL)
         return 0;
-    int tracked = 0;
     pthread_mutex_lock(&rlock);
+    if (resolve() != 0 || !mlx5_supported(qp->context->device)) {
+        pthread_mutex_unlock(&rlock);
+        return 0;
+    }
+    int tracked = 0;
     for (int i = 0; i < CRUX_QPS_CAPACITY && !tracked; i++) {
         if (qps[i].qp == NULL || qps[i].qp == qp) {
             qps[i] = (struct tracked){.qp = qp, .sport = sport};
@@ -111,11 +123,9 @@ void crux_repath_forget(struct ibv_qp *qp)
 
 int crux_repath_pass(void)
 {
-    supported_fn supported;
-    sport_fn set_sport;
     int moved = 0;
     pthread_mutex_lock(&rlock);
-    if (resolve(&supported, &set_sport) != 0) {
+    if (resolve() != 0) {
         pthread_mutex_unlock(&rlock);
         return 0;
     }
@@ -126,7 +136,7 @@ int crux_repath_pass(void)
         int want = hooks.decided_sport(t->dgid);
         if (want <= 0 || want > 0xFFFF || want == t->sport || want == t->tried)
             continue;
-        int rc = set_sport(t->qp, (uint16_t)want);
+        int rc = mlx5_set_sport(t->qp, (uint16_t)want);
         if (rc != 0) {
             t->tried = (uint16_t)want;
             if (logging)

@@ -254,9 +254,10 @@ class Agent:
         a.measurement_source, a.probing_source = self.measurement.name, self.probing.name
         a.jobs.extend(convert.local_job_to_pb(j) for j in self.local_jobs())
         a.peers.extend(convert.peer_paths_to_pb(t) for t in self.probing.paths())
-        a.qps.extend(self.dataplane.qp_status())
+        overrides = self.dataplane.tc_overrides()  # one sysfs scan serves both fields
+        a.qps.extend(self.dataplane.qp_status(overrides))
         a.sock_connects.extend(self.dataplane.sock_status())
-        a.nic_tc_overrides.extend(self.dataplane.tc_overrides())
+        a.nic_tc_overrides.extend(overrides)
         a.pcie_links = self.dataplane.pcie_links
         seen = self.link.last_plan_mono
         a.last_plan_age_s = -1.0 if seen is None else time.monotonic() - seen

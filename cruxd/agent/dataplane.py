@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from cruxd.agent.nic_tc import tc_overrides, winning_class
@@ -82,9 +83,11 @@ class DataPlane:
         return [apb.NicTcOverride(port=o.port, traffic_class=o.traffic_class)
                 for o in tc_overrides(Path(self.sysfs_root))]
 
-    def qp_status(self) -> list[apb.QpStatus]:
+    def qp_status(self, overrides: Sequence[apb.NicTcOverride] | None = None
+                  ) -> list[apb.QpStatus]:
         """The local jobs' QPs against the decisions in the table now, with the class each one's
-        packets carry; prunes the records of processes that are gone."""
+        packets carry (`overrides`: the ports' traffic-class overrides, read here when not
+        given); prunes the records of processes that are gone."""
         records, self.problems = read_dir(self.qp_dir, prune=True)
         for p in self.problems:
             LOG.debug("QP records: %s", p)
@@ -96,7 +99,9 @@ class DataPlane:
         except (OSError, TableError) as exc:
             LOG.warning("decision table %s: %s", self.table_path, exc)
             states = classify(records, lambda job, peer: None)
-        override = {o.port: o.traffic_class for o in self.tc_overrides()}
+        if overrides is None:
+            overrides = self.tc_overrides()
+        override = {o.port: o.traffic_class for o in overrides}
         out = []
         for s in states:
             q = s.qp
