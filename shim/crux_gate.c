@@ -87,6 +87,9 @@ static void link_idle(struct glink *l)
 {
     pthread_mutex_lock(&l->m);
     if (atomic_load(&l->held)) {
+        /* Clear held, then look at busy: qp_posted does the mirror image without the lock
+         * (busy up, then held read), so with both orders sequentially consistent either we see
+         * its post and keep the link, or it sees held == 0 and takes the slow path. */
         atomic_store(&l->held, 0);
         if (atomic_load(&l->busy) > 0) {
             atomic_store(&l->held, 1);
