@@ -99,6 +99,11 @@ class BuildSharedLibs(build_ext):
     def get_ext_filename(self, fullname: str) -> str:
         return os.path.join(*fullname.split(".")) + ".so"
 
+    def build_extensions(self) -> None:
+        # a plain `cc -shared`: Python's LDSHARED would add its own rpath and -L flags
+        self.compiler.set_executable("linker_so", [*self.compiler.compiler_so[:1], "-shared"])
+        super().build_extensions()
+
     def build_extension(self, ext: Extension) -> None:
         assert isinstance(ext, SharedLib)
         if ext.verbs and not VERBS_H.exists():
@@ -116,9 +121,7 @@ class BuildSharedLibs(build_ext):
             link.append(f"-Wl,--version-script={ext.version_script}")
         if ext.soname:
             link.append(f"-Wl,-soname,{ext.soname}")
-        # a plain `cc -shared`: Python's LDSHARED would add its own rpath and -L flags; and
         # --no-as-needed before the libraries, so the wrapper keeps its libibverbs.so.1 entry
-        self.compiler.set_executable("linker_so", [*self.compiler.compiler_so[:1], "-shared"])
         self.compiler.link_shared_object(objects, str(out), libraries=ext.libraries,
                                          extra_preargs=["-Wl,--no-as-needed"],
                                          extra_postargs=link)
