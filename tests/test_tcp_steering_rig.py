@@ -65,11 +65,9 @@ def iperf3(f: Fabric, src: str, dst: str, *args: str, job: Path | None = None,
     """iperf3 -c from `src` to `dst`:5201, --json; under crux-run (the job's agent socket
     `job`) or, without, as ECMP would place it."""
     cmd = ["iperf3", "-c", f.address(dst), "-p", str(DPORT), "--json", *args]
-    if job is not None:
-        # crux-run preloads the interposer itself; naming it here too changes nothing
-        # there (duplicates are dropped) and keeps this test meaningful before it did
+    if job is not None:  # the interposer comes from crux-run alone, as a user's job gets it
         cmd = [str(BIN / "crux-run"), "--socket", str(job), "--job-id", job_id, "--", *cmd]
-    env = {**os.environ, "LD_PRELOAD": str(native.library(native.SOCK))} if job else None
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     return subprocess.Popen(["ip", "netns", "exec", f.ns(src), *cmd], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
