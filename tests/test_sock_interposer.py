@@ -22,9 +22,15 @@ from rich.console import Console
 from cruxd.agent.dataplane import DataPlane
 from cruxd.cli.status_view import print_status
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
-from tests.daemons import Daemon, cruxctl, status, wait_for
+from tests.daemons import Daemon, crux_run, cruxctl, status, wait_for
 from transport import native
-from transport.decision_table import Decision, TableHeader, TableWriter, pack_header
+from transport.decision_table import (
+    Decision,
+    TableHeader,
+    TableReader,
+    TableWriter,
+    pack_header,
+)
 from transport.sock_records import _REC, MAGIC, OUTCOMES, SockCounts, read_file
 from transport.sock_records import read_dir as read_sock_dir
 
@@ -531,3 +537,40 @@ def test_cruxctl_status_counts_a_jobs_connects(tmp_path: Path, clients: list[Cli
         assert not (d.table.parent / "qps" / f"sock-{c.pid}").exists()
     finally:
         assert d.stop() == 0, d.log_text()[-2000:]
+
+
+def test_a_sigkilled_agent_leaves_its_last_decision_in_force(tmp_path: Path,
+                                                            clients: list[Client]) -> None:
+    """A real cruxd plans the job (registered by crux-run); SIGKILLed, it leaves its table,
+    and the job's next connects still get the decided class."""
+    d = Daemon(tmp_path, "h0", {
+        "leader": {"listen": "127.0.0.1:0", "profiling_s": 0, "debounce_ms": 10},
+        "agent": {"addresses": ["10.1.0.1"], "gpus": 8, "report_interval_s": 0.5}})
+    d.start()
+    job = None
+    try:
+        d.wait_log(" applied: ")
+        job = crux_run(d.socket, JOB, "--flops-per-iter", "1e15")
+
+        def decided() -> Decision | None:
+            with TableReader(d.table) as t:
+                return t.lookup(JOB)
+        entry = wait_for("the job's decision in the table", decided)
+        assert entry.traffic_class != 0  # a class a connect without crux would not carry
+        srv = listener()
+        c = Client(tmp_path, d.table, qps=d.table.parent / "qps")
+        clients.append(c)
+        assert c(host="127.0.0.1", port=srv.getsockname()[1])["tos"] == entry.traffic_class
+        d.send(signal.SIGKILL)
+        assert d.proc is not None and d.proc.wait(timeout=30) == -signal.SIGKILL
+        got = c(host="127.0.0.1", port=srv.getsockname()[1])
+        assert got["tos"] == entry.traffic_class  # the dead agent's last decision holds
+        fresh = Client(tmp_path, d.table, qps=d.table.parent / "qps")  # a job started later
+        clients.append(fresh)
+        assert fresh(host="127.0.0.1", port=srv.getsockname()[1])["tos"] == entry.traffic_class
+        only(c.counts(), tos_only=2)  # no TCP ports without probing: the class alone
+    finally:
+        if job is not None:
+            job.kill()
+            job.wait()
+        d.stop()
