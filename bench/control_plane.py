@@ -192,7 +192,7 @@ def plan_alone(args: argparse.Namespace, specs: list[JobSpec]) -> float:
     from _workload import inventory_pb, local_job_pb
 
     from cruxd.control.cluster import ClusterState
-    from cruxd.control.planning import LeaderPlanConfig, make_plan, plan_inputs
+    from cruxd.control.host_plans import LeaderPlanConfig, make_plan, plan_inputs
     from cruxd.control.validate import check_report
     from cruxd.rpc import convert
     from cruxd.topo.builders import clos2

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from tables import preamble  # bench/ is on sys.path when run as a script
 
 from cruxd.hints.bandwidth import BandwidthSample
-from cruxd.hints.render import FORMATS, render
-from cruxd.hints.view import build_view
+from cruxd.hints.fabric_view import build_view
+from cruxd.hints.formats import FORMATS, render
 from cruxd.model.topology import Topology
 from cruxd.topo.builders import clos2, trace_clos
 

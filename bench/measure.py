@@ -10,7 +10,7 @@ Protocol
       p95 and max of |error| / period over the estimates returned.
   (b) CPU time (time.process_time) of estimate_period per 30-s window at 100 Hz and 1 kHz
       (period 1 s, noise 0.2): --reps calls per batch, median of 5 batches.
-  (c) The NIC sampler (cruxd/measure/nic.py) on this host's real /sys: every netdev tx
+  (c) The NIC sampler (cruxd/measure/sampling/nic.py) on this host's real /sys: every netdev tx
       counter (loopback included, so there is at least one), --sampler-s seconds at 100 Hz
       (the default rate); CPU time / wall time = share of one core. Also the agent's own
       sampling thread (cruxd/agent/measuring.py, same counters) with the C loop
@@ -94,7 +94,7 @@ def cpu_ms(rate_hz: float, reps: int) -> list[object]:
 def sampler_row(seconds: float) -> list[object]:
     from pathlib import Path
 
-    from cruxd.measure.nic import DEFAULT_RATE_HZ, Sampler, net_counters
+    from cruxd.measure.sampling.nic import DEFAULT_RATE_HZ, Sampler, net_counters
 
     root = Path("/sys/class/net")
     counters = net_counters(Path("/sys"), sorted(p.name for p in root.iterdir()))

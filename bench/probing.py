@@ -200,10 +200,10 @@ def probe_payload() -> int:
 
 
 def default_rate() -> float:
-    from cruxd.cli import probe
+    from cruxd.cli import probe_cmd
 
     ap = argparse.ArgumentParser()
-    probe.add_parser(ap.add_subparsers())
+    probe_cmd.add_parser(ap.add_subparsers())
     return float(ap.parse_args(["probe", "peer"]).rate)
 
 

@@ -7,7 +7,7 @@ import asyncio
 import ipaddress
 
 from cruxd.agent.sweeper import SweepProbing
-from cruxd.config.load import parse_config
+from cruxd.config.parse import parse_config
 from cruxd.control.records import HostPlan, JobAssignment, JobState, PeerRoute
 from probing.schedule import ProbeSchedule
 from probing.sweep import SweepResult

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cruxd.config.load import (
+from cruxd.config.parse import (
     EMBEDDED,
     SECTION_KEYS,
     Config,

@@ -19,7 +19,7 @@ from cruxd.agent.core import plan_decisions
 from cruxd.agent.sources import ReplayMeasurement, StaticMeasurement, StaticPaths
 from cruxd.control.cluster import KEEP_EXPIRED_TIMEOUTS, AgentRecord, ClusterState, JobRecord
 from cruxd.control.codec import from_dict, to_dict
-from cruxd.control.planning import PublishedPlan
+from cruxd.control.host_plans import PublishedPlan
 from cruxd.control.records import (
     AgentReport,
     HostInventory,

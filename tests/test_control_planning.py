@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cruxd.control.cluster import ClusterState
-from cruxd.control.planning import (
+from cruxd.control.host_plans import (
     LeaderPlanConfig,
     PublishedPlan,
     make_plan,

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cruxd.measure.csampler import BatchSampler, SamplerUnavailable, load_library
-from cruxd.measure.nic import Counter, CounterReader
+from cruxd.measure.sampling.csampler import BatchSampler, SamplerUnavailable, load_library
+from cruxd.measure.sampling.nic import Counter, CounterReader
 from cruxd.measure.window import CounterWindow
 
 try:

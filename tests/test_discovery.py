@@ -9,7 +9,7 @@ import pytest
 
 from cruxd.control.cluster import ClusterState
 from cruxd.control.discovery import discover
-from cruxd.control.planning import LeaderPlanConfig, make_plan, plan_inputs
+from cruxd.control.host_plans import LeaderPlanConfig, make_plan, plan_inputs
 from cruxd.control.records import (
     AgentReport,
     HostInventory,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cruxd.measure.gpu import (
+from cruxd.measure.sampling.gpu import (
     NvmlBackend,
     NvmlUnavailable,
     Recorder,
@@ -163,7 +163,7 @@ def test_gpm_differences_consecutive_samples_and_wins_over_utilization() -> None
     assert nv._sm_active(0, "h0") == 42.0
     (a1, b1), (a2, b2) = fake.pairs
     assert a2 is b1 and b2 is a1  # each interval starts where the last ended
-    from cruxd.measure.gpu import GpuSample
+    from cruxd.measure.sampling.gpu import GpuSample
 
     s = [GpuSample(0.0, (100.0,), {}, (42.0,)), GpuSample(1.0, (100.0,), {}, (None,))]
     assert busy_fraction(s, 0) == pytest.approx((0.42 + 1.0) / 2)  # util where GPM missed

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from cruxd.errors import UsageError
 from cruxd.hints.arnold import comm_matrix, export, hp_min_level, microbatches, volumes
 from cruxd.hints.arnold_mip import ArnoldFitError, Placement, place, weighted_spread
-from cruxd.hints.view import build_view
+from cruxd.hints.fabric_view import build_view
 from cruxd.topo.builders import double_sided
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs/hints/arnold.schema.json").read_text())

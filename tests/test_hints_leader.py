@@ -15,8 +15,8 @@ from cruxd.cli.cruxctl import main
 from cruxd.control.records import JobAssignment, JobState, LocalJob, Measurement, PeerRoute
 from cruxd.hints.bandwidth import BandwidthLog, export, samples_from
 from cruxd.hints.collect import level_loads
-from cruxd.hints.render import FORMATS, render
-from cruxd.hints.view import build_view
+from cruxd.hints.fabric_view import build_view
+from cruxd.hints.formats import FORMATS, render
 from cruxd.model.plan import FlowDecision, JobDecision, Plan
 from cruxd.topo.builders import clos2
 from tests.daemons import Daemon, crux_run, cruxctl, free_port, wait_for
@@ -155,6 +155,6 @@ def test_live_style_exports_validate_against_their_schemas(fmt: str, schema: str
 
 
 def test_cli_lists_the_same_formats_as_the_renderer() -> None:
-    from cruxd.cli.hints import FORMATS as CLI_FORMATS  # kept apart: no numpy at parse time
+    from cruxd.cli.hints_cmd import FORMATS as CLI_FORMATS  # kept apart: no numpy at parse time
 
     assert CLI_FORMATS == FORMATS

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cruxd.hints import slurm
-from cruxd.hints.view import FabricView, build_view
+from cruxd.hints.fabric_view import FabricView, build_view
 from cruxd.topo.builders import clos2, double_sided, testbed96
 
 pytestmark = [

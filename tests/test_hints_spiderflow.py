@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from cruxd.hints.fabric_view import build_view
 from cruxd.hints.spiderflow import bandwidth_scores, export, widest_paths
-from cruxd.hints.view import build_view
 from cruxd.model.topology import Topology, TopologyBuilder
 from cruxd.topo.builders import double_sided, testbed96
 from tests.consumers.spinsearch import spin_search

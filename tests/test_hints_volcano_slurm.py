@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cruxd.hints import slurm, volcano
-from cruxd.hints.view import FabricView, build_view
+from cruxd.hints.fabric_view import FabricView, build_view
 from cruxd.model.topology import TopologyBuilder
 from cruxd.topo.builders import clos2, double_sided, testbed96
 

@@ -52,7 +52,7 @@ def offenders(importers: tuple[str, ...], imported: tuple[str, ...],
 
 
 def test_the_scan_sees_the_tree() -> None:
-    assert {"cruxd.agent.core", "cruxd.config.load", "transport.native", "probing.sweep"} \
+    assert {"cruxd.agent.core", "cruxd.config.parse", "transport.native", "probing.sweep"} \
         <= set(MODULES)
 
 

@@ -1,4 +1,4 @@
-"""The agent's NIC ports as links (cruxd/measure/links.py): speeds from sysfs, transmit
+"""The agent's NIC ports as links (cruxd/measure/sampling/links.py): speeds from sysfs, transmit
 utilisation, congestion events from hw_counters across readings and resets, and the path
 from a live agent's report through the leader's validation into `cruxctl status`."""
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from cruxd.agent.measuring import LiveMeasurement
 from cruxd.control.records import AgentReport, HostInventory, LinkObservation
 from cruxd.control.validate import InvalidMessage, check_report
-from cruxd.measure.links import (
+from cruxd.measure.sampling.links import (
     PortLinks,
     congestion_counters,
     port_speed_bps,

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 SAMPLER = """
 import json, sys
 from pathlib import Path
-from cruxd.measure.nic import Sampler, net_counters
+from cruxd.measure.sampling.nic import Sampler, net_counters
 s = Sampler(net_counters(Path("/sys"), ["eth0"]), rate_hz=float(sys.argv[1]))
 out = s.run(float(sys.argv[2]))["net:eth0"]
 print(json.dumps({"rates": out.rates, "failed": s.failed_reads}))

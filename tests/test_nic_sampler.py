@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cruxd.measure.nic import Sampler, net_counters, rdma_counters
+from cruxd.measure.sampling.nic import Sampler, net_counters, rdma_counters
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "sysfs"
 

@@ -257,8 +257,8 @@ def test_rxe_ports_as_the_agent_sees_them(rig: None) -> None:
     """What the agent's link reports read on a real (soft-)RoCE port: rxe states its rate,
     has no ECN/CNP hw_counters and no IB PortCounters (counters/port_xmit_data), so its
     RoCE bytes are counted on the netdev under it."""
-    from cruxd.measure.links import congestion_counters, port_speed_bps
-    from cruxd.measure.nic import rdma_counters
+    from cruxd.measure.sampling.links import congestion_counters, port_speed_bps
+    from cruxd.measure.sampling.nic import rdma_counters
 
     root = Path("/sys")
     assert port_speed_bps(root, "rdma:rxe0/1") == 10e9  # "10 Gb/sec (1X FDR10)"

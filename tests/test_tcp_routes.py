@@ -14,8 +14,8 @@ import pytest
 
 from cruxd.agent.core import plan_decisions
 from cruxd.agent.sweeper import SweepProbing
-from cruxd.config.load import parse_config
-from cruxd.control.planning import LeaderPlanConfig, make_plan, plan_inputs
+from cruxd.config.parse import parse_config
+from cruxd.control.host_plans import LeaderPlanConfig, make_plan, plan_inputs
 from cruxd.control.records import (
     AgentReport,
     HostInventory,

@@ -1,7 +1,7 @@
 """Where the installed C libraries are: transport/native/, filled by the build (setup.py).
 
     libcrux_pcie.so        PCIe semaphores (transport/pcie.py, the wrapper's gating)
-    libcrux_sampler.so     the agent's NIC counter loop (cruxd/measure/csampler.py)
+    libcrux_sampler.so     the agent's NIC counter loop (cruxd/measure/sampling/csampler.py)
     libcrux_ibverbs.so     the wrapper libibverbs, for LD_PRELOAD and NCCL_IBVERBS_LIB
     ibverbs/libibverbs.so  the same wrapper under the name NCCL <= 2.29 dlopen()s: crux-run
                            puts this directory first on the job's LD_LIBRARY_PATH

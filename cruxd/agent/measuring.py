@@ -41,11 +41,11 @@ from cruxd.control.records import (
     Measurement,
     Nic,
 )
-from cruxd.measure.csampler import BatchSampler, SamplerUnavailable
 from cruxd.measure.estimate import JobEstimate, estimate_job
-from cruxd.measure.gpu import GpuBackend, GpuInfo, GpuSample, NvmlUnavailable, open_backend
-from cruxd.measure.links import PortLinks
-from cruxd.measure.nic import Counter, CounterReader, net_counters, rdma_counters
+from cruxd.measure.sampling.csampler import BatchSampler, SamplerUnavailable
+from cruxd.measure.sampling.gpu import GpuBackend, GpuInfo, GpuSample, NvmlUnavailable, open_backend
+from cruxd.measure.sampling.links import PortLinks
+from cruxd.measure.sampling.nic import Counter, CounterReader, net_counters, rdma_counters
 from cruxd.measure.window import CounterWindow
 from transport.qp_records import ProcessRecords
 

@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _register(args: argparse.Namespace, job_id: str) -> str | None:
     """The decision table's path, or None when no agent took the job (fail open)."""
-    from cruxd.cli.live import agent_socket
+    from cruxd.cli.live_cmd import agent_socket
     from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
     from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
     from cruxd.rpc.local import LocalClient

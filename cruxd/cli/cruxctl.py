@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from cruxd import __version__
-from cruxd.cli import hints, live, measure, place, probe
+from cruxd.cli import hints_cmd, live_cmd, measure_cmd, place_cmd, probe_cmd
 from cruxd.cli.common import DEFAULT_SCENARIO
 from cruxd.cli.common import console as _console
 from cruxd.cli.common import resolve_scenario as _resolve
@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
                     "the cluster's state: agents and their report age, jobs with their state, "
                     "I_j, k_j, level, DSCP, chosen paths and what the shims applied.",
         epilog="Exit status: 0 ok, 1 internal error, 2 bad input, 3 agent/leader unreachable.")
-    live.add_target_args(st)
+    live_cmd.add_target_args(st)
     st.add_argument("--local", action="store_true",
                     help="only the local agent's view (do not ask the leader)")
     jb = sub.add_parser(
@@ -89,22 +89,22 @@ def _parser() -> argparse.ArgumentParser:
         description="List the jobs registered on this host with their measured (or declared) "
                     "W_j, t_j and iteration period.",
         epilog="Exit status: 0 ok, 1 internal error, 2 bad input, 3 agent unreachable.")
-    live.add_target_args(jb, leader=False)
-    probe.add_parser(sub)
-    measure.add_parser(sub)
-    hints.add_parser(sub)
-    place.add_parser(sub)
+    live_cmd.add_target_args(jb, leader=False)
+    probe_cmd.add_parser(sub)
+    measure_cmd.add_parser(sub)
+    hints_cmd.add_parser(sub)
+    place_cmd.add_parser(sub)
     return p
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from cruxd.cli.render import plan_json, print_plan
+    from cruxd.cli.plan_view import plan_json, print_plan
     from cruxd.scheduler import plan
 
     if args.live:
         if args.scenario or args.levels is not None:
             raise UsageError("--live shows the running plan; it takes no SCENARIO or --levels")
-        return live.cmd_plan_live(args)
+        return live_cmd.cmd_plan_live(args)
     if args.socket or args.leader or args.config:
         raise UsageError("--socket, --config and --leader go with --live")
 
@@ -136,7 +136,7 @@ def _policy_list(arg: str | None) -> list[str] | None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from cruxd.cli.simview import print_simulation, run_policies, simulate_json
+    from cruxd.cli.simulate_cmd import print_simulation, run_policies, simulate_json
     from cruxd.scenario.simulation import simulation_of
 
     path = _resolve(args.scenario)
@@ -167,10 +167,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"plan": cmd_plan, "simulate": cmd_simulate, "status": live.cmd_status,
-                "jobs": live.cmd_jobs, "probe": probe.cmd_probe,
-                "measure": measure.cmd_measure, "hints": hints.cmd_hints,
-                "place": place.cmd_place}[args.command](args)
+        return {"plan": cmd_plan, "simulate": cmd_simulate, "status": live_cmd.cmd_status,
+                "jobs": live_cmd.cmd_jobs, "probe": probe_cmd.cmd_probe,
+                "measure": measure_cmd.cmd_measure, "hints": hints_cmd.cmd_hints,
+                "place": place_cmd.cmd_place}[args.command](args)
     except CruxError as exc:
         print(f"cruxctl: error: {exc}", file=sys.stderr)
         return exc.exit_status

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="validate the configuration, print it resolved, and exit")
     args = p.parse_args(argv)
 
-    from cruxd.config.load import load_config
+    from cruxd.config.parse import load_config
     from cruxd.daemon.logs import setup_logging
     from cruxd.daemon.notify import Notifier
 

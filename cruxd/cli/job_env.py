@@ -79,6 +79,6 @@ def default_table() -> str:
     env = os.environ.get("CRUX_DECISION_TABLE")
     if env:
         return env
-    from cruxd.config.load import load_config
+    from cruxd.config.parse import load_config
 
     return str(Path(load_config(None).agent.decision_table))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from cruxd.errors import UsageError
 
 if TYPE_CHECKING:
-    from cruxd.cli.simview import Run
+    from cruxd.cli.simulate_cmd import Run
     from cruxd.scenario import Scenario
 
 _DASHES = ("-", (0, (6, 2)), (0, (3, 2)), (0, (6, 2, 1, 2)), (0, (1, 1.5)))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from cruxd.config.fields import Range, Section
 from cruxd.config.model import MeasureConfig
-from cruxd.config.reader import Range, Section
 
 # The FFT of a 30-s window costs 0.4 ms at 100 Hz and grows as n log n; past 1 kHz the
 # sampler itself costs more than the measurement is worth (bench/measure.py).

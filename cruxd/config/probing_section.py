@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from cruxd.config.fields import Range, Section
 from cruxd.config.model import ProbingConfig
-from cruxd.config.reader import Range, Section
 from probing.sweep import port_range
 
 # One sweep at a time over all peers: this caps probe traffic per host whatever

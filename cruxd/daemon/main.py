@@ -22,10 +22,10 @@ from grpc_health.v1._async import HealthServicer
 
 from cruxd import __version__
 from cruxd.config.hostport import format_hostport, parse_hostport
-from cruxd.config.load import ConfigError, load_config, restart_required
 from cruxd.config.model import Config, changed_keys
+from cruxd.config.parse import ConfigError, load_config, restart_required
+from cruxd.daemon.exporter import Metrics
 from cruxd.daemon.logs import setup_logging
-from cruxd.daemon.metrics import Metrics
 from cruxd.daemon.notify import Notifier, watchdog_loop
 from cruxd.errors import CruxError
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cruxd.hints.view import FabricView, natural
+from cruxd.hints.fabric_view import FabricView, natural
 
 FORMAT = "crux.arnold"
 VERSION = 1

@@ -36,7 +36,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from cruxd.errors import UsageError
 from cruxd.hints.arnold import FORMAT, VERSION, CommMatrix, comm_matrix
-from cruxd.hints.view import natural
+from cruxd.hints.fabric_view import natural
 
 TIE_BREAK = 1e-3
 UNITS = ("pp", "dp")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cruxd.control.records import JobAssignment, LocalJob
-from cruxd.hints.view import SCHEMA_VERSION, FabricView
+from cruxd.hints.fabric_view import SCHEMA_VERSION, FabricView
 
 FORMAT = "crux.bandwidth"
 LIVE_SOURCE = "nvml+nic"  # only measured figures; hints and replays are not bandwidth

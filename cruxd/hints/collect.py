@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from cruxd.control.cluster import MergedJob
 from cruxd.control.records import JobAssignment
-from cruxd.hints.view import FabricView, JobHint, build_view
+from cruxd.hints.fabric_view import FabricView, JobHint, build_view
 from cruxd.model.plan import Plan
 from cruxd.model.topology import Topology
 

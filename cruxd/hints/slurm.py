@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from cruxd.hints.view import SCHEMA_VERSION, FabricView, natural
+from cruxd.hints.fabric_view import SCHEMA_VERSION, FabricView, natural
 from cruxd.hints.volcano import GENERATOR, has_fabric_tier, unique_names
 
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from cruxd.hints.view import FabricView, HostHint, LinkHint, natural
+from cruxd.hints.fabric_view import FabricView, HostHint, LinkHint, natural
 
 FORMAT = "crux.spiderflow"
 VERSION = 1

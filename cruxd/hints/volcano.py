@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from cruxd.hints.view import SCHEMA_VERSION, FabricView, natural
+from cruxd.hints.fabric_view import SCHEMA_VERSION, FabricView, natural
 
 API_VERSION = "topology.volcano.sh/v1alpha1"
 GENERATOR = "crux"

@@ -22,11 +22,11 @@ import grpc
 
 from cruxd.config.model import Config
 from cruxd.control.cluster import ClusterState
-from cruxd.control.planning import LeaderPlanConfig, PublishedPlan, make_plan, plan_inputs
+from cruxd.control.host_plans import LeaderPlanConfig, PublishedPlan, make_plan, plan_inputs
 from cruxd.control.validate import InvalidMessage, check_host_id, check_report
-from cruxd.hints.render import FORMATS
+from cruxd.hints.formats import FORMATS
 from cruxd.leader import store
-from cruxd.leader.hints import LeaderHints
+from cruxd.leader.hint_service import LeaderHints
 from cruxd.leader.status import cluster_status
 from cruxd.model.topology import Topology
 from cruxd.rpc import convert
@@ -243,7 +243,7 @@ class Leader(lgrpc.LeaderServicer):
 def load_topology(path: Path | None) -> Topology | None:
     if path is None:
         return None
-    from cruxd.scenario.reader import Cursor, load_document
-    from cruxd.scenario.topology import parse_topology
+    from cruxd.scenario.cursor import Cursor, load_document
+    from cruxd.scenario.fabric_section import parse_topology
 
     return parse_topology(Cursor(load_document(path)), path.parent)

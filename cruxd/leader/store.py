@@ -17,7 +17,7 @@ from typing import Any
 from cruxd.config.statefile import write_atomic
 from cruxd.control.cluster import AgentRecord, ClusterState, JobRecord
 from cruxd.control.codec import from_dict, to_dict
-from cruxd.control.planning import PublishedPlan
+from cruxd.control.host_plans import PublishedPlan
 
 LOG = logging.getLogger(__name__)
 FORMAT = "crux-leader-state/1"

@@ -12,9 +12,9 @@ from cruxd.errors import ScenarioError, UsageError
 from cruxd.model.jobs import FlowSpec, Job, ring_allreduce
 from cruxd.model.topology import Topology
 from cruxd.model.view import ClusterView, DiscoveredPath
-from cruxd.scenario.reader import Cursor, load_document
+from cruxd.scenario.cursor import Cursor, load_document
+from cruxd.scenario.fabric_section import parse_topology
 from cruxd.scenario.simulation import JOB_FIELDS, SimulationSpec, parse_simulation
-from cruxd.scenario.topology import parse_topology
 from cruxd.scheduler.planner import PlanConfig
 
 DEFAULT_GPU_TFLOPS = 100.0  # W_j default: GPUs x compute_s x this (A100-class, ~1/3 of peak)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from cruxd.errors import ScenarioError, UsageError
 from cruxd.model.jobs import Job
-from cruxd.scenario.reader import Cursor
+from cruxd.scenario.cursor import Cursor
 from cruxd.sim.run import SimConfig, SimJob
 
 if TYPE_CHECKING:

@@ -22,9 +22,9 @@ from cruxd.model.jobs import Job
 from cruxd.model.paths import PathFinder, finder_for
 from cruxd.model.topology import Topology
 from cruxd.scheduler.selection import standalone_comm_time
-from cruxd.sim.ecmp import hash_path, source_port
 from cruxd.sim.engine import Engine, JobState, initial_state
 from cruxd.sim.epoch import Component, components
+from cruxd.sim.flow_hash import hash_path, source_port
 from cruxd.sim.metrics import JobRecord, SimResult
 from cruxd.sim.policies.base import Context, Decisions, Policy, network_flows
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cruxd.model.jobs import Job
-from cruxd.sim.ecmp import hash_path, source_port
+from cruxd.sim.flow_hash import hash_path, source_port
 from cruxd.sim.policies.base import Context, Decisions, network_flows
 
 _REL = 1e-9  # ties between offsets: overlaps within _REL x horizon

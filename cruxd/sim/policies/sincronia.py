@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from cruxd.model.jobs import Job
-from cruxd.sim.ecmp import hash_path, source_port
+from cruxd.sim.flow_hash import hash_path, source_port
 from cruxd.sim.policies.base import Context, Decisions, network_flows
 
 _REL = 1e-9  # relative tolerance for ties

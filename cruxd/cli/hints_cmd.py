@@ -11,10 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from cruxd.cli import live
+from cruxd.cli import live_cmd
 from cruxd.errors import ScenarioError, UsageError
 
-# the renderer's list (cruxd.hints.render.FORMATS), repeated so --help needs no numpy
+# the renderer's list (cruxd.hints.formats.FORMATS), repeated so --help needs no numpy
 FORMATS = ("spiderflow", "arnold", "volcano", "slurm", "labels", "bandwidth")
 
 
@@ -39,8 +39,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _scenario_text(scenario: str, fmt: str) -> str:
     from cruxd.cli.common import resolve_scenario as _resolve
     from cruxd.hints.collect import level_loads, used_gpus
-    from cruxd.hints.render import render
-    from cruxd.hints.view import JobHint, build_view
+    from cruxd.hints.fabric_view import JobHint, build_view
+    from cruxd.hints.formats import render
     from cruxd.scenario import load_scenario
     from cruxd.scheduler import plan
 
@@ -64,7 +64,7 @@ def add_source_args(p: argparse.ArgumentParser, json: bool = False) -> None:
     """Where hints come from: a scenario (what-if), the local agent, or a leader."""
     p.add_argument("--scenario", metavar="SCENARIO",
                    help="what-if: a scenario file or bundled name instead of the live leader")
-    live.add_target_args(p, json=json)
+    live_cmd.add_target_args(p, json=json)
 
 
 def fetch(args: argparse.Namespace, fmt: str) -> str:
@@ -76,8 +76,8 @@ def fetch(args: argparse.Namespace, fmt: str) -> str:
     from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 
     req = cpb.HintsRequest(format=fmt)
-    doc = (live.leader_call(args, "GetHints", req) if args.leader
-           else live.local(args, "hints", format=fmt).hints)
+    doc = (live_cmd.leader_call(args, "GetHints", req) if args.leader
+           else live_cmd.local(args, "hints", format=fmt).hints)
     return str(doc.text)
 
 

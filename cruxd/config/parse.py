@@ -15,6 +15,17 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
+from cruxd.config.fields import (
+    FieldError,
+    Range,
+    Section,
+    default_runtime_dir,
+    default_state_dir,
+    describe,
+    did_you_mean,
+    home_dir,
+    quote_key,
+)
 from cruxd.config.hostport import format_hostport, parse_hostport
 from cruxd.config.measure_section import parse_measurement
 from cruxd.config.model import (
@@ -33,17 +44,6 @@ from cruxd.config.model import (
     restart_required,
 )
 from cruxd.config.probing_section import parse_probing
-from cruxd.config.reader import (
-    FieldError,
-    Range,
-    Section,
-    default_runtime_dir,
-    default_state_dir,
-    describe,
-    did_you_mean,
-    home_dir,
-    quote_key,
-)
 from cruxd.errors import UsageError
 
 __all__ = [

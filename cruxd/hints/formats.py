@@ -9,7 +9,7 @@ from typing import Any
 
 from cruxd.hints import bandwidth
 from cruxd.hints.bandwidth import BandwidthSample
-from cruxd.hints.view import SCHEMA_VERSION, FabricView
+from cruxd.hints.fabric_view import SCHEMA_VERSION, FabricView
 
 FORMATS = ("spiderflow", "arnold", "volcano", "slurm", "labels", "bandwidth")
 FILE_NAMES = {"spiderflow": "spiderflow.json", "arnold": "arnold.json",

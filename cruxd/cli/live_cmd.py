@@ -43,7 +43,7 @@ def add_target_args(p: argparse.ArgumentParser, leader: bool = True,
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from cruxd.config.load import load_config
+    from cruxd.config.parse import load_config
 
     return load_config(args.config)
 
@@ -55,7 +55,7 @@ def agent_socket(explicit: str | None, config: Path | None) -> str:
         return str(explicit)
     if os.environ.get("CRUX_SOCKET") and config is None:
         return os.environ["CRUX_SOCKET"]
-    from cruxd.config.load import load_config
+    from cruxd.config.parse import load_config
 
     return str(load_config(config).agent.socket)
 

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cruxd.control.records import LinkObservation
-from cruxd.measure.nic import Counter, CounterReader
+from cruxd.measure.sampling.nic import Counter, CounterReader
 
 CONGESTION_COUNTERS = ("np_ecn_marked_roce_packets", "rp_cnp_handled")
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")

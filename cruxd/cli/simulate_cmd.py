@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cruxd.cli.render import topology_summary
+from cruxd.cli.plan_view import topology_summary
 from cruxd.scenario import Scenario
 from cruxd.scenario.simulation import SimSettings
 from cruxd.sim.metrics import JobRecord, SimResult

@@ -15,7 +15,7 @@ from typing import Any
 
 from cruxd.errors import ScenarioError, TopologyError
 from cruxd.model.topology import Topology, TopologyBuilder
-from cruxd.scenario.reader import Cursor, load_document
+from cruxd.scenario.cursor import Cursor, load_document
 from cruxd.topo.builders import BUILDERS
 from cruxd.topo.lingjun import lingjun, read_rows
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from cruxd.measure.nic import Counter, CounterReader
+from cruxd.measure.sampling.nic import Counter, CounterReader
 from cruxd.measure.window import CounterWindow
 from transport import native
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cruxd.cli.hints import add_source_args, fetch
+from cruxd.cli.hints_cmd import add_source_args, fetch
 from cruxd.errors import UsageError
 
 

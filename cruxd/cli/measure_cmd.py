@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from cruxd.errors import CruxError, UsageError
 
 if TYPE_CHECKING:
-    from cruxd.measure.gpu import GpuBackend
+    from cruxd.measure.sampling.gpu import GpuBackend
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _gpu(args: argparse.Namespace) -> tuple[GpuBackend | None, str]:
-    from cruxd.measure.gpu import NvmlUnavailable, Recorder, open_backend
+    from cruxd.measure.sampling.gpu import NvmlUnavailable, Recorder, open_backend
 
     if args.gpu == "replay" and args.gpu_file is None:
         raise UsageError("--gpu replay needs --gpu-file")
@@ -70,8 +70,8 @@ def _gpu(args: argparse.Namespace) -> tuple[GpuBackend | None, str]:
 
 def cmd_measure(args: argparse.Namespace) -> int:
     from cruxd.measure.estimate import estimate_job
-    from cruxd.measure.gpu import GpuSample, Recorder
-    from cruxd.measure.nic import Sampler, net_counters, rdma_counters
+    from cruxd.measure.sampling.gpu import GpuSample, Recorder
+    from cruxd.measure.sampling.nic import Sampler, net_counters, rdma_counters
 
     if not 1 <= args.rate <= 1000:
         raise UsageError("--rate must be 1..1000")

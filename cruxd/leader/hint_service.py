@@ -10,12 +10,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cruxd.control.planning import LeaderPlanConfig, fabric_for, plan_inputs
+from cruxd.control.host_plans import LeaderPlanConfig, fabric_for, plan_inputs
 from cruxd.control.records import AgentReport, JobAssignment
 from cruxd.hints.bandwidth import LIVE_SOURCE, BandwidthLog, samples_from
 from cruxd.hints.collect import leader_view
-from cruxd.hints.render import FILE_NAMES, FORMATS, Rendered, render
-from cruxd.hints.view import FabricView
+from cruxd.hints.fabric_view import FabricView
+from cruxd.hints.formats import FILE_NAMES, FORMATS, Rendered, render
 
 if TYPE_CHECKING:
     from cruxd.leader.service import Leader

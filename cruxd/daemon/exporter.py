@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from cruxd.agent.core import Agent
-    from cruxd.control.planning import PublishedPlan
+    from cruxd.control.host_plans import PublishedPlan
     from cruxd.leader.service import Leader
 
 LOG = logging.getLogger(__name__)
