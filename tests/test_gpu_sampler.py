@@ -7,16 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cruxd.measure.sampling.gpu import (
-    NvmlBackend,
-    NvmlUnavailable,
-    Recorder,
-    ReplayBackend,
-    busy_fraction,
-    job_gpus,
-    peak_tflops,
-    work_per_iteration,
-)
+from cruxd.measure.gpu_work import busy_fraction, job_gpus, peak_tflops, work_per_iteration
+from cruxd.measure.sampling.gpu import NvmlBackend, NvmlUnavailable, Recorder, ReplayBackend
 
 RECORDING = Path(__file__).resolve().parent / "fixtures" / "gpu_recording.json"
 
@@ -163,7 +155,7 @@ def test_gpm_differences_consecutive_samples_and_wins_over_utilization() -> None
     assert nv._sm_active(0, "h0") == 42.0
     (a1, b1), (a2, b2) = fake.pairs
     assert a2 is b1 and b2 is a1  # each interval starts where the last ended
-    from cruxd.measure.sampling.gpu import GpuSample
+    from cruxd.measure.gpu_work import GpuSample
 
     s = [GpuSample(0.0, (100.0,), {}, (42.0,)), GpuSample(1.0, (100.0,), {}, (None,))]
     assert busy_fraction(s, 0) == pytest.approx((0.42 + 1.0) / 2)  # util where GPM missed

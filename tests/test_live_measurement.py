@@ -17,8 +17,8 @@ from cruxd.agent.measuring import LiveMeasurement, belongs
 from cruxd.config.model import MeasureConfig
 from cruxd.control.records import HostPlan, JobAssignment, JobState, LocalJob, Measurement
 from cruxd.measure.estimate import estimate_job
+from cruxd.measure.gpu_work import GpuInfo, GpuSample
 from cruxd.measure.sampling.csampler import SamplerUnavailable, load_library
-from cruxd.measure.sampling.gpu import GpuInfo, GpuSample
 from cruxd.measure.window import CounterWindow
 from transport.qp_records import ProcessRecords, QpRecord
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy.typing as npt
 
 from cruxd.measure.comm import estimate_comm
-from cruxd.measure.sampling.gpu import GpuInfo, GpuSample, busy_fraction, work_per_iteration
+from cruxd.measure.gpu_work import GpuInfo, GpuSample, busy_fraction, work_per_iteration
 
 
 @dataclass(frozen=True)
