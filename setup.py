@@ -86,7 +86,7 @@ WRAPPER_SRC = ["crux_ibverbs.c", "crux_decide.c", "crux_repath.c", "crux_gate.c"
                "crux_gate_setup.c", "crux_links.c", "crux_pcie.c"]
 LIBS = [
     SharedLib(f"{NATIVE}.libcrux_pcie", ["crux_pcie.c"]),
-    SharedLib(f"{NATIVE}.libcrux_sampler", ["crux_sampler.c"]),
+    SharedLib(f"{NATIVE}.libcrux_sampler", ["agent/crux_sampler.c"]),
     SharedLib(f"{NATIVE}.libcrux_ibverbs", WRAPPER_SRC, **WRAPPER),  # type: ignore[arg-type]
     SharedLib(f"{NATIVE}.ibverbs.libibverbs", WRAPPER_SRC, **WRAPPER),  # type: ignore[arg-type]
     SharedLib(f"{NATIVE}.libcrux_sock", ["crux_sock.c"], libraries=("dl",)),

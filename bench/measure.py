@@ -14,7 +14,7 @@ Protocol
       counter (loopback included, so there is at least one), --sampler-s seconds at 100 Hz
       (the default rate); CPU time / wall time = share of one core. Also the agent's own
       sampling thread (cruxd/agent/measuring.py, same counters) with the C loop
-      (shim/crux_sampler.c, one Python wakeup per 1-s batch; "c" in the table) and with
+      (shim/agent/crux_sampler.c, one Python wakeup per 1-s batch; "c" in the table) and with
       the Python loop (Event.wait between ticks), and the floor of any Python loop: a
       thread that only wakes 100 times a second and reads nothing.
 

@@ -1,6 +1,6 @@
 """TCP interposer benchmark: what libcrux_sock.so adds to a job's connect().
 
-Protocol (shim/bench_sock.c). Each run alternates the two variants it compares, iteration by
+Protocol (shim/bench/bench_sock.c). Each run alternates the two variants it compares, iteration by
 iteration, in one process (on a VM the drift between runs is larger than the difference), and
 prints both medians over ITERS; a figure here is the median of --repeat runs. The table holds
 ENTRIES live entries with the measured job's two last, so an uncached lookup scans it all.

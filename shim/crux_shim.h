@@ -2,7 +2,7 @@
  * crux_shim.h - the pure core of the verbs shim (crux_decide.c): apply a decision-table entry
  * to a connect's address vector, and write QP records. No I/O, no allocation, no locks: the
  * wrapper library (crux_ibverbs.c) does the file handling and serialises callers, and the
- * benchmark (bench_shim.c) drives this core without a NIC.
+ * benchmark (shim/bench/bench_shim.c) drives this core without a NIC.
  */
 #ifndef CRUX_SHIM_H
 #define CRUX_SHIM_H

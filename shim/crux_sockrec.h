@@ -67,7 +67,7 @@ _Static_assert(sizeof(struct crux_sockrec) == CRUX_SOCKREC_SIZE, "sockrec size")
 _Static_assert(CRUX_SOCK_OUT_COUNT <= CRUX_SOCKREC_COUNTERS, "outcomes fit the counters");
 
 /* The interposer's work before the real connect, exported by libcrux_sock.so so that the
- * benchmark (shim/bench_sock.c, bench/sock.py) can time the decision path apart from the
+ * benchmark (shim/bench/bench_sock.c, bench/sock.py) can time the decision path apart from the
  * connect itself: look up the decision for the socket's peer, set the class, bind a port,
  * count the outcome. Always 0; *o says what happened. */
 struct crux_sock_steered {

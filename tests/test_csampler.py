@@ -1,4 +1,4 @@
-"""The C counter loop (shim/crux_sampler.c) through its binding: readings and their scale,
+"""The C counter loop (shim/agent/crux_sampler.c) through its binding: readings and their scale,
 deadlines, failures that recover, early stop, and bad arguments. Counter files are regular
 files here; sysfs files answer pread at offset 0 the same way (the agent rig reads real ones)."""
 

@@ -1,4 +1,4 @@
-"""The NIC counter loop in C (shim/crux_sampler.c), for the agent's sampling thread.
+"""The NIC counter loop in C (shim/agent/crux_sampler.c), for the agent's sampling thread.
 
 At 100 Hz a Python thread's wakeups alone cost ~1.5 % of a core; the C loop sleeps on
 absolute deadlines, reads the counters itself and hands back a batch of readings (one second's
