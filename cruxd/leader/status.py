@@ -31,18 +31,18 @@ def cluster_status(leader: Leader, hostname: str) -> cpb.ClusterStatus:
     plan = leader.plan
     planned = {a.job_id: a for a in plan.jobs} if plan else {}
     applied: dict[str, tuple[int, int]] = {}  # job -> (qps applied, total) summed over hosts
-    for rec in st.live_agents().values():
-        for j in rec.jobs.values():
-            a, t = applied.get(j.job_id, (0, 0))
-            applied[j.job_id] = (a + j.qps_applied, t + j.qps_total)
+    for agent in st.live_agents().values():
+        for j in agent.jobs.values():
+            done, total = applied.get(j.job_id, (0, 0))
+            applied[j.job_id] = (done + j.qps_applied, total + j.qps_total)
     merged = {m.job_id: m.measurement for m in st.merged_jobs()}
-    for jid, rec in sorted(st.jobs.items()):
-        a = planned.get(jid)
-        if rec.expired_at is not None:
-            a = JobAssignment(jid, JobState.EXPIRED, note="no agent reports it")
-        elif a is None:
-            a = JobAssignment(jid, JobState.QUEUED, note="waiting for the next plan")
-        msg = convert.assignment_to_pb(a)
+    for jid, job in sorted(st.jobs.items()):
+        decided = planned.get(jid)
+        if job.expired_at is not None:
+            decided = JobAssignment(jid, JobState.EXPIRED, note="no agent reports it")
+        elif decided is None:
+            decided = JobAssignment(jid, JobState.QUEUED, note="waiting for the next plan")
+        msg = convert.assignment_to_pb(decided)
         msg.qps_applied, msg.qps_total = applied.get(jid, (0, 0))
         if jid in merged:
             msg.measurement.CopyFrom(convert.measurement_to_pb(merged[jid]))

@@ -6,6 +6,8 @@ Decoding never trusts the peer: the records it builds still go through
 
 from __future__ import annotations
 
+from typing import cast
+
 from cruxd.control.records import (
     AgentReport,
     HostInventory,
@@ -124,8 +126,8 @@ def route_to_pb(r: PeerRoute) -> cpb.PeerRoute:
 
 
 def assignment_to_pb(a: JobAssignment) -> cpb.JobDecision:
-    return cpb.JobDecision(job_id=a.job_id, state=int(a.state), intensity=a.intensity, k=a.k,
-                           rank=a.rank, level=a.level, dscp=a.dscp,
+    return cpb.JobDecision(job_id=a.job_id, state=cast(cpb.JobState, int(a.state)),
+                           intensity=a.intensity, k=a.k, rank=a.rank, level=a.level, dscp=a.dscp,
                            traffic_class=a.traffic_class,
                            routes=[route_to_pb(r) for r in a.routes], hosts=a.hosts,
                            gpus=a.gpus, note=a.note)
