@@ -11,9 +11,7 @@ import contextlib
 import json
 import math
 import multiprocessing as mp
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,41 +26,24 @@ from _workload import NICS_PER_HOST, host_id, nic_address
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
+from cruxd.testing import Daemon, crux_run, free_port, stop_processes
 
 HOSTS_PER_TOR = 16
 AGGS = 16
-BIN = Path(sys.executable).parent
 SCHEDULED = (1, 2)  # JobState PROFILING, SCHEDULED (status shows QUEUED: not in the plan yet)
-
-# Children are started through this launcher: it asks the kernel to SIGTERM them when the
-# benchmark dies (PR_SET_PDEATHSIG, kept across exec), then execs the command. Not a
-# preexec_fn: that makes Popen fork() instead of vfork(), and grpcio >= 1.81 then runs its
-# fork handlers in the child, whose poller can abort on the fds close_fds closes before exec
-# (grpc/grpc#43055: "epoll_wait error: Bad file descriptor", SIGABRT).
-LAUNCHER = ("import ctypes, os, signal, sys; "
-            "ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
-            "os.execv(sys.argv[1], sys.argv[1:])")
 
 
 # --- processes --------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def toml_str(p: Path | str) -> str:
-    return json.dumps(str(p))  # a JSON string is a valid TOML basic string
-
-
 class Bench:
-    """Every process the benchmark starts, so that all of them are stopped."""
+    """Every process the benchmark starts, so that all of them are stopped. Children die
+    with the benchmark (cruxd.testing's die_with_parent)."""
 
     def __init__(self, tmp: Path, args: argparse.Namespace) -> None:
         self.tmp = tmp
         self.args = args
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: dict[str, Path] = {}  # "leader.log", "agent.log", "crux-run.log"
         self.workers: list[tuple[Any, Any]] = []  # (process, connection)
         self.address = ""
         self.leader: subprocess.Popen[bytes] | None = None
@@ -78,24 +59,11 @@ class Bench:
                                     "aggs": AGGS, "hosts_per_tor": HOSTS_PER_TOR,
                                     "nics_per_host": NICS_PER_HOST, "nic_gbps": 100}))
         self.address = f"127.0.0.1:{free_port()}"
-        d = self.tmp / "leader"
-        conf = self.tmp / "leader.toml"
-        conf.write_text(f"""[daemon]
-roles = ["leader"]
-host_id = "leader"
-state_dir = {toml_str(d / "state")}
-runtime_dir = {toml_str(d / "run")}
-log_level = "warning"
-[leader]
-listen = "{self.address}"
-topology = {toml_str(topo)}
-debounce_ms = 50
-profiling_s = 0
-agent_timeout_s = 120
-[metrics]
-listen = ""
-""")
-        self.leader = self._spawn([str(BIN / "cruxd"), "--config", str(conf)], "leader.log")
+        d = Daemon(self.tmp, "leader", {
+            "daemon": {"roles": ["leader"], "log_level": "warning"},
+            "leader": {"listen": self.address, "topology": str(topo), "debounce_ms": 50,
+                       "profiling_s": 0, "agent_timeout_s": 120}}, die_with_parent=True)
+        self.leader = self._started(d, "leader.log")
         self.channel = grpc.insecure_channel(self.address)
         try:
             grpc.channel_ready_future(self.channel).result(timeout=30)
@@ -106,45 +74,35 @@ listen = ""
 
     def start_agent(self) -> tuple[subprocess.Popen[bytes], Path]:
         """The real agent on the topology's spare host; returns it and its local socket."""
-        d = self.tmp / "agent"
-        sock = d / "run" / "agent.sock"
         me = self.args.agents  # the topology's spare host
-        addrs = ", ".join(json.dumps(nic_address(me, p)) for p in range(NICS_PER_HOST))
-        conf = self.tmp / "agent.toml"
-        conf.write_text(f"""[daemon]
-roles = ["agent"]
-host_id = "{host_id(me)}"
-state_dir = {toml_str(d / "state")}
-runtime_dir = {toml_str(d / "run")}
-log_level = "warning"
-[agent]
-leader = "{self.address}"
-addresses = [{addrs}]
-gpus = 8
-socket = {toml_str(sock)}
-decision_table = {toml_str(d / "run" / "decisions")}
-[metrics]
-listen = ""
-""")
-        return self._spawn([str(BIN / "cruxd"), "--config", str(conf)], "agent.log"), sock
+        run = self.tmp / "agent" / "run"  # the runtime_dir Daemon gives it
+        d = Daemon(self.tmp, "agent", {
+            "daemon": {"roles": ["agent"], "host_id": host_id(me), "log_level": "warning"},
+            "agent": {"leader": self.address,
+                      "addresses": [nic_address(me, p) for p in range(NICS_PER_HOST)],
+                      "gpus": 8, "socket": str(run / "agent.sock"),
+                      "decision_table": str(run / "decisions")}}, die_with_parent=True)
+        return self._started(d, "agent.log"), d.socket
 
     def start_job(self, sock: Path) -> None:
         """One job registered with the real agent: `crux-run ... -- sleep 600`."""
-        self._spawn([str(BIN / "crux-run"), "--socket", str(sock), "--job-id", "bench-job",
-                     "--gpus", "8", "--flops-per-iter", "1e15", "--allreduce-bytes", "1e9",
-                     "--compute-s", "0.5", "--", "sleep", "600"], "crux-run.log")
+        log = self.logs["crux-run.log"] = self.tmp / "crux-run.log"
+        self.procs.append(crux_run(sock, "bench-job", "--gpus", "8", "--flops-per-iter", "1e15",
+                                   "--allreduce-bytes", "1e9", "--compute-s", "0.5",
+                                   log=log, die_with_parent=True))
 
-    def _spawn(self, cmd: list[str], log: str) -> subprocess.Popen[bytes]:
-        with open(self.tmp / log, "ab") as f:
-            p = subprocess.Popen([sys.executable, "-c", LAUNCHER, *cmd],
-                                 stdout=subprocess.DEVNULL, stderr=f)
-        self.procs.append(p)
-        return p
+    def _started(self, d: Daemon, log: str) -> subprocess.Popen[bytes]:
+        d.start()
+        assert d.proc is not None
+        self.logs[log] = d.log
+        self.procs.append(d.proc)
+        return d.proc
 
     def log_tail(self, log: str, n: int = 10) -> str:
+        """The last lines of a process's log ("leader.log", "agent.log", "crux-run.log")."""
         try:
-            return " | ".join((self.tmp / log).read_text().splitlines()[-n:])
-        except OSError:
+            return " | ".join(self.logs[log].read_text().splitlines()[-n:])
+        except (KeyError, OSError):
             return "(no log)"
 
     def start_workers(self) -> list[list[int]]:
@@ -177,15 +135,7 @@ listen = ""
                 p.join(5)
         if self.channel is not None:
             self.channel.close()
-        for p in reversed(self.procs):  # crux-run, the agent, then the leader
-            if p.poll() is None:
-                p.terminate()
-        for p in reversed(self.procs):
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        stop_processes(self.procs[::-1])  # crux-run, the agent, then the leader
 
     # talking to workers, the leader and the real agent -------------------------------
     def ask(self, which: Sequence[int], cmd: str, arg: Any = None, timeout: float = 300

@@ -1,20 +1,23 @@
-"""Shared fixtures. Tests needing root, RDMA or a GPU are marked and skip with a reason."""
+"""Shared fixtures and hooks. Tests needing root, RDMA or a GPU are marked and skip with a
+reason. Constants live in tests/paths.py, helpers in modules of their own: tests import
+those, never this file."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "examples"
-SHARED = REPO.parent / "shared"
+from tests.paths import EXAMPLES
 
-settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("ci")
+
+def pytest_configure(config: pytest.Config) -> None:
+    # no per-example deadline: a loaded machine must not fail a property test
+    settings.register_profile("ci", deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("ci")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -28,14 +31,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def examples() -> Path:
     return EXAMPLES
-
-
-def one_error_line(run: subprocess.CompletedProcess[str]) -> str:
-    """The bad-input contract: exit 2, one `cruxctl: error:` line, no traceback, no stdout."""
-    assert run.returncode == 2, run.stderr
-    assert "Traceback" not in run.stderr
-    lines = run.stderr.splitlines()
-    assert len(lines) == 1, run.stderr
-    assert lines[0].startswith("cruxctl: error: ")
-    assert run.stdout == ""
-    return lines[0]

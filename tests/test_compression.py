@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cruxd.scenario import load_scenario
 from cruxd.scheduler import plan
 from cruxd.scheduler.compression import compress, compress_exact, cut_weight
-from tests.conftest import EXAMPLES
+from tests.paths import EXAMPLES
 
 Edges = dict[tuple[str, str], float]
 

@@ -57,7 +57,7 @@ from cruxd.errors import UsageError
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
-from tests.conftest import EXAMPLES
+from tests.paths import EXAMPLES
 from transport.decision_table import Decision
 
 MEASURED = Measurement(1e12, 0.1, 1.0, 0.8, 1e9, "hints")

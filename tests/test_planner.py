@@ -14,7 +14,7 @@ from cruxd.scenario import load_scenario
 from cruxd.scheduler import PlanConfig, plan
 from cruxd.scheduler.dscp import default_dscp
 from cruxd.topo import clos2, testbed96
-from tests.conftest import EXAMPLES
+from tests.paths import EXAMPLES
 
 
 def _ring(topo, job_id, hosts, gpus, compute, size, overlap=0.0):  # type: ignore[no-untyped-def]

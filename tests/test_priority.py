@@ -11,7 +11,7 @@ from cruxd.scenario import load_scenario
 from cruxd.scheduler import PlanConfig, plan
 from cruxd.scheduler.pairwise import busy_time, low_share, pair_gains, timing
 from cruxd.scheduler.priority import assign
-from tests.conftest import EXAMPLES
+from tests.paths import EXAMPLES
 
 
 def test_fig11_link_times_match_the_seed_timeline() -> None:

@@ -13,7 +13,7 @@ from cruxd.sim.policies import Fixed, make_policy
 from cruxd.sim.rates import allocate
 from cruxd.sim.run import SimConfig, SimJob, simulate
 from cruxd.topo import clos2
-from tests.conftest import EXAMPLES
+from tests.paths import EXAMPLES
 
 
 def _fig(name: str, phase: str = "compute") -> tuple[list[SimJob], object]:

@@ -16,7 +16,8 @@ import pytest
 from cruxd.errors import ScenarioError, UsageError
 from cruxd.scenario import parse_scenario
 from cruxd.scenario.simulation import simulation_of
-from tests.conftest import EXAMPLES, one_error_line
+from tests.cli_errors import one_error_line
+from tests.paths import EXAMPLES
 
 MODULE = [sys.executable, "-m", "cruxd.cli.cruxctl", "simulate"]
 FIG11 = EXAMPLES / "fig11-simulate.json"

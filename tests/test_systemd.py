@@ -21,7 +21,7 @@ import pytest
 
 from cruxd.daemon.logs import setup_logging
 from cruxd.daemon.notify import Notifier, watchdog_loop
-from tests.conftest import REPO
+from tests.paths import REPO
 
 SYSTEMD = REPO / "systemd"
 UNIT = SYSTEMD / "cruxd.service"

@@ -8,7 +8,7 @@ from cruxd.errors import TopologyError
 from cruxd.model.topology import NodeKind, TopologyBuilder
 from cruxd.topo import clos2, double_sided, lingjun, testbed96, trace_clos
 from cruxd.topo.lingjun import read_rows
-from tests.conftest import SHARED
+from tests.paths import FIXTURES
 
 
 def test_testbed96_matches_the_seed() -> None:
@@ -82,10 +82,8 @@ def test_lingjun_bundled_copy() -> None:
     assert all(t.nodes[h].kind is NodeKind.HOST for h in t.hosts)
 
 
-@pytest.mark.skipif(not (SHARED / "data" / "lingjun-2023-topo.csv").exists(),
-                    reason="../shared/data is not beside this checkout")
 def test_lingjun_bundled_copy_equals_shared_data() -> None:
-    shared = read_rows(SHARED / "data" / "lingjun-2023-topo.csv")
+    shared = read_rows(FIXTURES / "lingjun-2023-topo.csv")  # the dataset file, verbatim
     assert shared == read_rows()
 
 
