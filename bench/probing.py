@@ -48,7 +48,8 @@ sys.path.insert(0, str(REPO))  # tests.rig
 from probing.budget import expected_probes  # noqa: E402
 from probing.guided import guided_sweep  # noqa: E402
 from probing.hashmodel import HashModel  # noqa: E402
-from probing.sweep import ROCE_SPORTS, sweep  # noqa: E402
+from probing.sweep import sweep  # noqa: E402
+from transport.roce import ROCE_SPORTS  # noqa: E402
 
 NS = (2, 4, 8, 16, 32, 64)
 RIG_SPINES = (2, 4, 8)

@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from probing.sweep import ROCE_DPORT, ROCE_SPORTS, Prober, SweepResult, sweep
+from probing.sweep import Prober, SweepResult, sweep
+from transport.roce import ROCE_DPORT, ROCE_SPORTS
 
 
 class PathModel(Protocol):

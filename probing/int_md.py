@@ -36,6 +36,8 @@ from scapy.fields import (
 )
 from scapy.packet import Packet, Raw, bind_layers
 
+from transport.roce import tos
+
 # §5.1 "INT Header Types": the shim's Type; §5.8: INT-MD header "Ver: Should be 2"
 INT_TYPE_MD = 1
 INT_VERSION = 2
@@ -186,7 +188,7 @@ def build_probe(*, max_hops: int, instructions: int = NODE_ID, nonce: int, dscp:
     if not 0 <= nonce < 1 << 64 or not 0 <= dscp < 64:
         raise ValueError("nonce is 64 bits, dscp 6")
     if orig_dport is None:
-        shim = IntShim(npt=0, npt_data=dscp << 2)
+        shim = IntShim(npt=0, npt_data=tos(dscp))
     elif 0 <= orig_dport <= 0xFFFF:
         shim = IntShim(npt=1, npt_data=orig_dport)
     else:

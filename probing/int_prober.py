@@ -16,8 +16,8 @@ import socket
 import time
 
 from probing import int_md
-from probing.sweep import ROCE_DPORT
 from probing.ttl import ProbeCounters, outside
+from transport.roce import ROCE_DPORT, tos
 
 
 def hop_name(node_id: int) -> str:
@@ -64,7 +64,7 @@ class IntProber:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
             udp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if self.dscp:
-                udp.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.dscp << 2)
+                udp.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos(self.dscp))
             try:
                 udp.bind((self.bind_addr, sport))
             except OSError:  # someone else holds the port: this port goes unanswered

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from probing import int_md
-from probing.sweep import ROCE_DPORT
 from probing.ttl import outside, ttl_echo_of
+from transport.roce import ROCE_DPORT
 
 
 @dataclass

@@ -15,10 +15,6 @@ from typing import Protocol
 
 from probing.budget import quiet_probes
 
-# the ports a GRH flow label can reach (the kernel's rdma_flow_label_to_udp_sport)
-ROCE_SPORTS = range(0xC000, 0x10000)
-ROCE_DPORT = 4791
-
 
 def port_range(text: str) -> range:
     """ "LO-HI" (or one port) as a range; ValueError says what is wrong."""

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from probing.icmp import IcmpReply, parse_reply
-from probing.sweep import ROCE_DPORT
+from transport.roce import ROCE_DPORT
 
 TTL_PROBE = b"crux-ttl"  # + 8-byte nonce: a TTL probe's payload
 TTL_ECHO = b"crux-tte"  # the responder's answer to one that reached it

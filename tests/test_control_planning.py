@@ -31,6 +31,7 @@ from cruxd.control.records import (
 from cruxd.leader import store
 from cruxd.model.topology import Topology
 from cruxd.scheduler.dscp import default_dscp
+from cruxd.scheduler.planner import PlanConfig
 from cruxd.topo.builders import clos2
 
 PROBED = (ProbedPath(("tor0", "agg1", "tor1"), (49153, 52017)),
@@ -80,8 +81,8 @@ def clos(nics: int = 1) -> Topology:
 
 def plan_of(state: ClusterState, topo: Topology | None = None, levels: int = 4,
             generation: int = 1) -> PublishedPlan:
-    return make_plan(plan_inputs(state, 100.0), topo, LeaderPlanConfig(levels), generation, 100.0,
-                     ("test",))
+    config = LeaderPlanConfig(PlanConfig(levels=levels))
+    return make_plan(plan_inputs(state, 100.0), topo, config, generation, 100.0, ("test",))
 
 
 # --- levels ------------------------------------------------------------------

@@ -20,8 +20,10 @@ from cruxd.control.records import (
     PathTable,
     ProbedPath,
 )
+from cruxd.scheduler.planner import PlanConfig
 
 HOSTS_PER_LEAF = 2
+FOUR_LEVELS = LeaderPlanConfig(PlanConfig(levels=4))
 
 
 def addr(k: int) -> str:
@@ -121,7 +123,7 @@ def state(paths: bool = True,
 def test_planning_on_the_discovered_fabric_separates_jobs_and_returns_ports() -> None:
     """Two rings crossing the same leaf pair get different spines, and each route
     carries the probed source port of the spine it was given."""
-    plan = make_plan(plan_inputs(state(), 1.0), None, LeaderPlanConfig(4), 1, 1.0)
+    plan = make_plan(plan_inputs(state(), 1.0), None, FOUR_LEVELS, 1, 1.0)
     assert plan.topology == "discovered"
     jobs = {a.job_id: a for a in plan.jobs}
     assert {a.state for a in jobs.values()} == {JobState.SCHEDULED}
@@ -140,11 +142,11 @@ def test_planning_on_the_discovered_fabric_separates_jobs_and_returns_ports() ->
 def test_rings_wait_for_probes_but_still_name_their_peers() -> None:
     """Without path tables there is no discovered fabric: the star plans them. With
     only one direction probed the ring waits, and its routes say whom to probe."""
-    plan = make_plan(plan_inputs(state(paths=False), 1.0), None, LeaderPlanConfig(4), 1, 1.0)
+    plan = make_plan(plan_inputs(state(paths=False), 1.0), None, FOUR_LEVELS, 1, 1.0)
     assert plan.topology == "star"
     s = state()
     s.agents["h2"].paths.clear()  # h2 -> h0 not probed yet
-    plan = make_plan(plan_inputs(s, 1.0), None, LeaderPlanConfig(4), 2, 1.0)
+    plan = make_plan(plan_inputs(s, 1.0), None, FOUR_LEVELS, 2, 1.0)
     big = next(a for a in plan.jobs if a.job_id == "big")
     assert big.state is JobState.UNMEASURED and big.note == "no probed path h2 -> h0 yet"
     assert {(r.src_host, r.peer_host, r.sport) for r in big.routes} == {

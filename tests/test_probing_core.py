@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from probing.budget import expected_probes, harmonic, probes_for_all, quiet_probes
 from probing.icmp import parse_reply
-from probing.sweep import ROCE_SPORTS, sweep
+from probing.sweep import sweep
+from transport.roce import ROCE_SPORTS
 
 
 class HashProber:

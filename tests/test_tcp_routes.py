@@ -15,7 +15,7 @@ import pytest
 from cruxd.agent.core import plan_decisions
 from cruxd.agent.sweeper import SweepProbing
 from cruxd.config.parse import parse_config
-from cruxd.control.host_plans import LeaderPlanConfig, make_plan, plan_inputs
+from cruxd.control.host_plans import make_plan, plan_inputs
 from cruxd.control.records import (
     AgentReport,
     HostInventory,
@@ -30,7 +30,7 @@ from cruxd.control.validate import InvalidMessage, check_host_plan, check_report
 from cruxd.rpc import convert
 from probing.schedule import ProbeSchedule
 from probing.sweep import SweepResult
-from tests.test_discovery import addr, hops, state
+from tests.test_discovery import FOUR_LEVELS, addr, hops, state
 from tests.test_probing_core import HashProber
 
 TCP = (61003, 61004, 61007)
@@ -53,7 +53,7 @@ def test_the_route_carries_the_tcp_ports_of_the_chosen_path() -> None:
         return table
 
     s = state(table_of=table_of)
-    plan = make_plan(plan_inputs(s, 1.0), None, LeaderPlanConfig(4), 1, 1.0)
+    plan = make_plan(plan_inputs(s, 1.0), None, FOUR_LEVELS, 1, 1.0)
     spines = {}
     for a in plan.jobs:
         assert a.state is JobState.SCHEDULED

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from transport.decision_table import Decision, TableError, TableReader
+from transport.roce import tos
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +22,7 @@ class Steering:
 
     @property
     def tos(self) -> int:
-        return self.dscp << 2  # DSCP is the TOS byte's upper six bits
+        return tos(self.dscp)
 
     @property
     def tclass(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 
+from transport.roce import tos
 from transport.steering import Steering, steering_for
 
 __all__ = ["Steering", "connect", "set_dscp", "steering_for"]
@@ -25,7 +26,7 @@ def set_dscp(sock: socket.socket, dscp: int) -> None:
         raise ValueError(f"dscp must be 0..63, got {dscp}")
     level = socket.IPPROTO_IPV6 if sock.family == socket.AF_INET6 else socket.IPPROTO_IP
     opt = socket.IPV6_TCLASS if sock.family == socket.AF_INET6 else socket.IP_TOS
-    sock.setsockopt(level, opt, dscp << 2)
+    sock.setsockopt(level, opt, tos(dscp))
 
 
 def connect(peer: str, port: int, steering: Steering | None = None, *, src: str = "",

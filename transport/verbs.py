@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transport.roce import ROCE_SPORT_MAX, ROCE_SPORT_MIN, ROCE_SPORT_TEXT
 from transport.steering import Steering
 from transport.table_format import gid_text, peer_bytes
 
-ROCE_SPORT_MIN = 0xC000
 FLOW_LABEL_MASK = 0x3FFF
 SYSFS = Path("/sys/class/infiniband")
 
@@ -29,8 +29,8 @@ def flow_label_for(sport: int) -> int:
     """The flow label that makes a RoCEv2 NIC send from `sport` (0xC000-0xFFFF). Label 0 means
     "none" (the NIC derives a port from the QP numbers), so 0xC000 takes 0x4001: its two halves
     cancel in the XOR."""
-    if not ROCE_SPORT_MIN <= sport <= 0xFFFF:
-        raise ValueError(f"RoCEv2 source ports are {ROCE_SPORT_MIN}-65535, got {sport}")
+    if not ROCE_SPORT_MIN <= sport <= ROCE_SPORT_MAX:
+        raise ValueError(f"RoCEv2 source ports are {ROCE_SPORT_TEXT}, got {sport}")
     return (sport & FLOW_LABEL_MASK) or 0x4001
 
 
@@ -39,7 +39,7 @@ def sport_of(flow_label: int) -> int:
     fl = flow_label & 0xFFFFF
     if fl == 0:
         raise ValueError("flow label 0: the NIC derives the port from the QP numbers")
-    return 0xC000 | ((fl & 0x3FFF) ^ ((fl & 0xFC000) >> 14))
+    return ROCE_SPORT_MIN | ((fl & 0x3FFF) ^ ((fl & 0xFC000) >> 14))
 
 
 def available() -> str | None:

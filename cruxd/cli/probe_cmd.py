@@ -9,22 +9,24 @@ import socket
 import sys
 
 from cruxd.errors import CruxError, UsageError
+from transport.roce import ROCE_DPORT, ROCE_SPORT_TEXT
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "probe", help="sweep UDP source ports toward a host and group them by path",
-        description="Send TTL-limited UDP probes with the data's 5-tuple (dst port 4791, "
-                    "source ports in RoCEv2's range) toward HOST, identify each port's path "
-                    "by the routers' ICMP time-exceeded replies, and group ports by path. "
-                    "Stops when --expected paths are found, when no new path appeared for "
-                    "long enough (coupon collector, docs in probing/budget.py), or at "
+        description="Send TTL-limited UDP probes with the data's 5-tuple (dst port "
+                    f"{ROCE_DPORT}, source ports in RoCEv2's range) toward HOST, identify each "
+                    "port's path by the routers' ICMP time-exceeded replies, and group ports by "
+                    "path. Stops when --expected paths are found, when no new path appeared "
+                    "for long enough (coupon collector, docs in probing/budget.py), or at "
                     "--max-probes. Needs CAP_NET_RAW (root).",
         epilog="Exit status: 0 ok, 1 cannot probe (permission, network), 2 bad input.")
     p.add_argument("host", metavar="HOST", help="peer host name or IPv4 address")
-    p.add_argument("--dport", type=int, default=4791, help="destination port (default 4791)")
-    p.add_argument("--sports", default="49152-65535", metavar="LO-HI",
-                   help="source ports to try, in order (default 49152-65535)")
+    p.add_argument("--dport", type=int, default=ROCE_DPORT,
+                   help=f"destination port (default {ROCE_DPORT})")
+    p.add_argument("--sports", default=ROCE_SPORT_TEXT, metavar="LO-HI",
+                   help=f"source ports to try, in order (default {ROCE_SPORT_TEXT})")
     p.add_argument("--max-probes", type=int, default=1024, metavar="N",
                    help="ports to try at most (default 1024)")
     p.add_argument("--expected", type=int, metavar="N", help="stop once N paths are found")

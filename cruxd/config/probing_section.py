@@ -5,6 +5,7 @@ from __future__ import annotations
 from cruxd.config.fields import Range, Section
 from cruxd.config.model import ProbingConfig
 from probing.sweep import port_range
+from transport.roce import ROCE_DPORT, ROCE_SPORT_TEXT
 
 # One sweep at a time over all peers: this caps probe traffic per host whatever
 # the configuration says (a 3-hop TTL trace is 3-4 datagrams of 80 bytes per port).
@@ -26,7 +27,7 @@ def parse_probing(p: Section, sweep: bool) -> ProbingConfig:
                       '["10.0.0.0/8"]; probes go nowhere else and replies from elsewhere '
                       "are ignored")
     try:
-        ports = port_range(p.string("sports", "49152-65535"))
+        ports = port_range(p.string("sports", ROCE_SPORT_TEXT))
     except ValueError as exc:
         raise p.error("sports", str(exc)) from None
     try:
@@ -43,14 +44,14 @@ def parse_probing(p: Section, sweep: bool) -> ProbingConfig:
         rate_pps=p.number("rate_pps", 200.0, Range(0, MAX_RATE_PPS, lo_open=True)),
         interval_s=p.number("interval_s", 300.0, Range(1, 86400)),
         sports=(ports.start, ports.stop - 1),
-        dport=p.integer("dport", 4791, Range(1, 65535)),
+        dport=p.integer("dport", ROCE_DPORT, Range(1, 65535)),
         max_probes=p.integer("max_probes", 1024, Range(1, 65536)),
         expected_paths=p.integer("expected_paths", 0, Range(0, 256)),
         miss=p.number("miss", 1e-3, Range(0, 0.5, lo_open=True)),
         max_hops=p.integer("max_hops", 8, Range(1, 32)),
         timeout_s=p.number("timeout_s", 0.5, Range(0.01, 10)),
         responder=p.boolean("responder", True),
-        responder_port=p.integer("responder_port", 4791, Range(1, 65535)),
+        responder_port=p.integer("responder_port", ROCE_DPORT, Range(1, 65535)),
         responder_rate_pps=p.number("responder_rate_pps", 1000.0,
                                     Range(0, 100000, lo_open=True)),
         tcp_dport=p.integer("tcp_dport", 0, Range(0, 65535)),

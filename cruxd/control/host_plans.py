@@ -21,7 +21,7 @@ from cruxd.model.jobs import Job, ring_allreduce
 from cruxd.model.plan import Plan
 from cruxd.model.topology import Topology, TopologyBuilder
 from cruxd.model.view import ClusterView, DiscoveredPath
-from cruxd.scheduler.dscp import check_dscp, default_dscp
+from cruxd.scheduler.dscp import can_profile, profiling_slot, scheduled_dscp, unmeasured_slot
 from cruxd.scheduler.planner import PlanConfig, plan
 
 LOG = logging.getLogger(__name__)
@@ -30,14 +30,11 @@ DEFAULT_OVERLAP = 0.5  # seed Fig. 12: communication may start half-way through 
 
 @dataclass(frozen=True)
 class LeaderPlanConfig:
-    levels: int = 5
-    dscp: tuple[int, ...] | None = None
-    star_nic_gbps: float = 100.0
+    """The scheduler's settings (levels and their DSCP included), and the fabric assumed
+    when none is configured or discovered."""
 
-    def dscp_values(self) -> tuple[int, ...]:
-        if self.dscp is None:
-            return default_dscp(self.levels)
-        return check_dscp(self.dscp, self.levels)
+    planner: PlanConfig = field(default_factory=PlanConfig)
+    star_nic_gbps: float = 100.0
 
 
 @dataclass
@@ -138,11 +135,14 @@ def fabric_for(inputs: PlanInputs, topology: Topology | None, config: LeaderPlan
 def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanConfig,
               generation: int, now: float, causes: tuple[str, ...] = ()) -> PublishedPlan:
     topo, paths, discovered = fabric_for(inputs, topology, config)
-    dscp = config.dscp_values()
+    levels = config.planner.levels
+    dscp = config.planner.dscp_values()
     merged = inputs.jobs
     profiling = {jid for jid, p in inputs.profile.items() if p == "profiling"}
-    reserve = config.levels >= 2 and any(m.job_id in profiling for m in merged)
-    levels = config.levels - 1 if reserve else config.levels
+    scheduled = scheduled_dscp(dscp, any(m.job_id in profiling for m in merged))
+    reserve = len(scheduled) < levels  # the top level is the profiling job's alone
+    profiling_level, profiling_dscp = profiling_slot(dscp)
+    unmeasured_level, unmeasured_dscp = unmeasured_slot(dscp)
 
     plannable: list[Job] = []
     notes: dict[str, str] = {}
@@ -155,7 +155,7 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     result: Plan | None = None
     if plannable:
         view = ClusterView(topo, tuple(plannable), paths)
-        result = plan(view, PlanConfig(levels=levels, dscp=dscp[:levels]))
+        result = plan(view, replace(config.planner, levels=len(scheduled), dscp=scheduled))
     nics = inputs.nics
     decided = {d.job: d for d in result.jobs} if result else {}
     routes: dict[str, list[PeerRoute]] = {}
@@ -182,24 +182,24 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
             routes[m.job_id] = [PeerRoute(src, dst, _addresses(nics, dst, None))
                                 for src, dst in _ring_pairs(hosts)]
         if m.job_id in profiling and reserve:
-            a = JobAssignment(m.job_id, JobState.PROFILING, level=config.levels - 1,
-                              dscp=dscp[-1], hosts=hosts, gpus=gpus,
+            a = JobAssignment(m.job_id, JobState.PROFILING, level=profiling_level,
+                              dscp=profiling_dscp, hosts=hosts, gpus=gpus,
                               routes=tuple(routes.get(m.job_id, ())), note=notes.get(m.job_id, ""))
             if d is not None:
                 a = replace(a, intensity=d.intensity, k=d.k, rank=d.rank)
         elif d is None:
-            a = JobAssignment(m.job_id, JobState.UNMEASURED, level=0, dscp=dscp[0],
-                              hosts=hosts, gpus=gpus, routes=tuple(routes[m.job_id]),
-                              note=notes.get(m.job_id, ""))
+            a = JobAssignment(m.job_id, JobState.UNMEASURED, level=unmeasured_level,
+                              dscp=unmeasured_dscp, hosts=hosts, gpus=gpus,
+                              routes=tuple(routes[m.job_id]), note=notes.get(m.job_id, ""))
         else:
             state_ = (JobState.QUEUED if inputs.profile.get(m.job_id) == "queued"
-                      and config.levels >= 2 else JobState.SCHEDULED)
+                      and can_profile(levels) else JobState.SCHEDULED)
             a = JobAssignment(m.job_id, state_, intensity=d.intensity, k=d.k,
                               rank=d.rank, level=d.level, dscp=d.dscp, hosts=hosts, gpus=gpus,
                               routes=tuple(routes.get(m.job_id, ())))
         out.append(a)
     out.sort(key=lambda a: (a.state is not JobState.PROFILING, -a.level, a.rank, a.job_id))
-    return PublishedPlan(generation, int(now * 1000), config.levels, tuple(out), causes,
+    return PublishedPlan(generation, int(now * 1000), levels, tuple(out), causes,
                          topology=topo.name, result=result, reprobe=inputs.reprobe,
                          fabric=topo)
 

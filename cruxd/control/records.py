@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
+from transport.roce import tos
+
 
 class JobState(IntEnum):
     """Mirrors crux.v1.JobState (same numbers)."""
@@ -31,17 +33,6 @@ class Measurement:
     compute_s: float = 0.0
     allreduce_bytes: float = 0.0
     source: str = ""
-
-    def merged_over(self, base: Measurement) -> Measurement:
-        """This measurement, with `base` filling the fields this one does not know."""
-        return Measurement(
-            flops_per_iter=self.flops_per_iter or base.flops_per_iter,
-            comm_s=self.comm_s or base.comm_s,
-            period_s=self.period_s or base.period_s,
-            compute_s=self.compute_s or base.compute_s,
-            allreduce_bytes=self.allreduce_bytes or base.allreduce_bytes,
-            source=self.source or base.source,
-        )
 
     @property
     def known(self) -> bool:
@@ -157,7 +148,7 @@ class JobAssignment:
 
     @property
     def traffic_class(self) -> int:
-        return self.dscp << 2
+        return tos(self.dscp)
 
     def for_host(self, host: str) -> JobAssignment:
         """The same decision, keeping only the routes leaving `host`."""

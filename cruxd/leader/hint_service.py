@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cruxd.control.host_plans import LeaderPlanConfig, fabric_for, plan_inputs
+from cruxd.control.host_plans import fabric_for, plan_inputs
 from cruxd.control.records import AgentReport, JobAssignment
 from cruxd.hints.bandwidth import LIVE_SOURCE, BandwidthLog, samples_from
 from cruxd.hints.collect import leader_view
@@ -54,8 +54,7 @@ class LeaderHints:
         plan = ld.plan
         topo = plan.fabric if plan is not None else None
         if topo is None:  # no plan yet, or one restored from disk: build it as planning does
-            topo, _, _ = fabric_for(inputs, ld.topology,
-                                    LeaderPlanConfig(lc.levels, lc.dscp, lc.star_nic_gbps))
+            topo, _, _ = fabric_for(inputs, ld.topology, ld.plan_config())
         return leader_view(
             topo, gpus={h: r.inventory.gpus for h, r in ld.state.live_agents().items()},
             jobs=inputs.jobs, assignments=plan.jobs if plan else (),

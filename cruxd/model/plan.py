@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from transport.roce import tos
+
 
 @dataclass(frozen=True, slots=True)
 class JobDecision:
@@ -22,8 +24,8 @@ class JobDecision:
 
     @property
     def traffic_class(self) -> int:
-        """GRH traffic class / IP TOS byte: DSCP << 2, ECN bits left to the NIC."""
-        return self.dscp << 2
+        """GRH traffic class / IP TOS byte, ECN bits left to the NIC."""
+        return tos(self.dscp)
 
 
 @dataclass(frozen=True, slots=True)

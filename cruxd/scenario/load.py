@@ -16,9 +16,9 @@ from cruxd.scenario.cursor import Cursor, load_document
 from cruxd.scenario.fabric_section import parse_topology
 from cruxd.scenario.simulation import JOB_FIELDS, SimulationSpec, parse_simulation
 from cruxd.scheduler.planner import PlanConfig
+from transport.roce import ROCE_SPORT_MAX, ROCE_SPORT_MIN
 
 DEFAULT_GPU_TFLOPS = 100.0  # W_j default: GPUs x compute_s x this (A100-class, ~1/3 of peak)
-SPORT_LO, SPORT_HI = 0xC000, 0xFFFF  # RoCEv2 source ports reachable through the flow label
 
 _TOP = {"version", "name", "description", "topology", "jobs", "levels", "dscp", "samples",
         "seed", "max_paths", "reference_job", "gpu_tflops", "path_table", "simulate"}
@@ -226,7 +226,8 @@ def _path_table(cur: Cursor, topo: Topology) -> dict[tuple[str, str], tuple[Disc
                     at = f"{pc.path}.hops[{min(i, len(hops) - 1)}]"
                     where = Cursor(None, at) if hops else pc["hops"]
                     raise where.fail(f"no link {a} -> {b} in the topology")
-            sports = tuple(s.integer(lo=SPORT_LO, hi=SPORT_HI) for s in pc["sports"].items())
+            sports = tuple(s.integer(lo=ROCE_SPORT_MIN, hi=ROCE_SPORT_MAX)
+                           for s in pc["sports"].items())
             if not sports:
                 raise pc["sports"].fail("a probed path needs at least one source port")
             paths.append(DiscoveredPath(hops, sports))

@@ -14,8 +14,9 @@ _SCRIPT = """
 import json, sys
 from probing.guided import guided_sweep
 from probing.hashmodel import HashModel
-from probing.sweep import ROCE_SPORTS, sweep
+from probing.sweep import sweep
 from probing.ttl import TtlProber
+from transport.roce import ROCE_SPORTS
 peer, args = sys.argv[1], json.loads(sys.argv[2])
 sports = range(args.get("start", ROCE_SPORTS.start), ROCE_SPORTS.stop)
 with TtlProber(peer) as p:
