@@ -100,3 +100,7 @@ def test_no_import_cycles() -> None:
         if v not in index:
             strongconnect(v)
     assert cycles == []
+
+
+def test_only_tests_and_benchmarks_use_the_rig() -> None:
+    assert offenders(PACKAGES, ("cruxd.testing",), exempt=("cruxd.testing",)) == []
