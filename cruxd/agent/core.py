@@ -1,5 +1,9 @@
 """The agent: answers the local socket, keeps the registry, reports to the leader
-and writes the leader's decisions for this host into the decision table."""
+and writes the leader's decisions for this host into the decision table.
+
+Its measurement and probing sources come from factories (source_choice.py) and are used
+only through their protocols (sources.py); requests on the local socket arrive as domain
+records through local_rpc.py, the only part of the agent's socket that speaks protobuf."""
 
 from __future__ import annotations
 
@@ -12,29 +16,23 @@ from pathlib import Path
 from cruxd import __version__
 from cruxd.agent.dataplane import DataPlane
 from cruxd.agent.inventory import discover_nics, gpu_count
+from cruxd.agent.local_api import AgentStatus, Refusal, Refused
+from cruxd.agent.local_rpc import LocalRpc
 from cruxd.agent.local_server import LocalServer, PeerCred, group_id
-from cruxd.agent.local_server import error_reply as _error
-from cruxd.agent.measuring import LiveMeasurement
 from cruxd.agent.registry import Registry
-from cruxd.agent.sources import (
-    MeasurementSource,
-    NoProbing,
-    ProbingSource,
-    ReplayMeasurement,
-    StaticMeasurement,
-    StaticPaths,
+from cruxd.agent.source_choice import (
+    MeasurementFactory,
+    ProbingFactory,
+    SourceInputs,
+    measurement_for,
+    probing_for,
 )
-from cruxd.agent.sweeper import SweepProbing
 from cruxd.agent.uplink import LeaderLink
 from cruxd.config.model import Config
 from cruxd.config.statefile import write_atomic
 from cruxd.control.codec import from_dict, to_dict
 from cruxd.control.records import AgentReport, HostInventory, HostPlan, LocalJob, Measurement
 from cruxd.control.validate import InvalidMessage, check_host_plan, check_local_job
-from cruxd.rpc import convert
-from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
-from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
-from cruxd.rpc.local import INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE
 from transport.decision_table import Decision, TableWriter
 
 LOG = logging.getLogger(__name__)
@@ -57,27 +55,22 @@ def plan_decisions(hp: HostPlan) -> list[Decision]:
 
 
 class Agent:
-    def __init__(self, config: Config, leader_address: str) -> None:
+    def __init__(self, config: Config, leader_address: str,
+                 measurement: MeasurementFactory = measurement_for,
+                 probing: ProbingFactory = probing_for) -> None:
         self.config = config
         a = config.agent
         self.host_id = config.host_id
         self.registry = Registry(self._job_changed)
         self.nics = discover_nics(a.addresses)
         self.dataplane = DataPlane(Path(a.decision_table))
-        self.measurement: MeasurementSource = (
-            ReplayMeasurement(a.measurement_file) if a.measurement == "replay"
-            and a.measurement_file is not None else
-            LiveMeasurement(config.measurement, self.nics, self.registry.owners,
-                            self.dataplane.records, lambda: len(self.registry.jobs()))
-            if a.measurement == "live" else StaticMeasurement(a.accept_job_hints))
-        self.probing: ProbingSource = (
-            StaticPaths(a.path_table, self.host_id) if a.probing == "static"
-            and a.path_table is not None else
-            SweepProbing(config.probing, self.host_id, lambda: self.link.poke())
-            if a.probing == "sweep" else NoProbing())
+        inputs = SourceInputs(config, self.nics, self.registry.owners, self.dataplane.records,
+                              lambda: len(self.registry.jobs()), lambda: self.link.poke())
+        self.measurement = measurement(inputs)
+        self.probing = probing(inputs)
         self.gpus = gpu_count(a.gpus)
         self.table = TableWriter.open(a.decision_table, capacity=a.table_capacity)
-        self.server = LocalServer(a.socket, group_id(a.socket_group), self.handle)
+        self.server = LocalServer(a.socket, group_id(a.socket_group), LocalRpc(self).handle)
         self.link = LeaderLink(leader_address, config.tls, self.host_id, self.report,
                                self.apply_plan, a.report_interval_s, a.reconnect_max_s,
                                lambda: self.table.header().plan_generation)
@@ -88,23 +81,19 @@ class Agent:
     async def start(self) -> None:
         self._restore()
         self.dataplane.start()
-        if isinstance(self.measurement, LiveMeasurement):
-            self.measurement.start()
+        self.measurement.start()
         await self.server.start()
         await self.link.start()
-        if isinstance(self.probing, SweepProbing):
-            await self.probing.start()
+        await self.probing.start()
         LOG.info("agent %s: socket %s, table %s, leader %s, %d NIC(s), %d GPU(s)",
                  self.host_id, self.config.agent.socket, self.config.agent.decision_table,
                  self.link.address, len(self.nics), self.gpus)
 
     async def stop(self) -> None:
-        if isinstance(self.probing, SweepProbing):
-            await self.probing.stop()
+        await self.probing.stop()
         await self.server.stop()
         await self.link.stop()
-        if isinstance(self.measurement, LiveMeasurement):
-            self.measurement.stop()
+        self.measurement.stop()
         self._save()
         self.registry.close()
         self.table.close()  # the file stays: shims keep the last decisions
@@ -112,18 +101,15 @@ class Agent:
     def reload(self, config: Config) -> None:
         self.config = config
         self.link.interval_s = config.agent.report_interval_s
-        if isinstance(self.measurement, StaticMeasurement):
-            self.measurement = StaticMeasurement(config.agent.accept_job_hints)
+        self.measurement.reconfigure(config)
 
     # --- state ---------------------------------------------------------------
     def local_jobs(self) -> list[LocalJob]:
         jobs = self.registry.jobs()
-        live = self.measurement if isinstance(self.measurement, LiveMeasurement) else None
-        if live is not None:
-            live.forget({j.job_id for j in jobs})
+        self.measurement.forget({j.job_id for j in jobs})
         return [replace(job, measurement=self.measurement.measure(
             job, self.registry.hints(job.job_id)),
-            request_profiling=live is not None and live.wants_profile(job.job_id))
+            request_profiling=self.measurement.wants_profile(job.job_id))
             for job in jobs]
 
     def inventory(self) -> HostInventory:
@@ -131,19 +117,15 @@ class Agent:
                              self.measurement.name, self.probing.name)
 
     def report(self) -> AgentReport:
-        links = self.measurement.links() if isinstance(self.measurement, LiveMeasurement) \
-            else ()
         return AgentReport(self.inventory(), tuple(self.local_jobs()), self.probing.paths(),
-                           links, self.table.header().plan_generation)
+                           self.measurement.links(), self.table.header().plan_generation)
 
     def apply_plan(self, hp: HostPlan) -> None:
         check_host_plan(hp, self.host_id)
         changed = self.table.apply(plan_decisions(hp), hp.generation)
         self.plans_applied += 1
-        if isinstance(self.probing, SweepProbing):
-            self.probing.plan_changed(hp)
-        if isinstance(self.measurement, LiveMeasurement):
-            self.measurement.plan_changed(hp)
+        self.probing.plan_changed(hp)
+        self.measurement.plan_changed(hp)
         self.link.poke()  # tell the leader which generation the table holds
         LOG.info("plan %d applied: %d job(s), %d table entr%s changed", hp.generation,
                  len(hp.jobs), changed, "y" if changed == 1 else "ies")
@@ -195,78 +177,34 @@ class Agent:
             self._restoring = False
         self._save()
 
-    # --- local socket ----------------------------------------------------------
-    async def handle(self, req: apb.LocalRequest, cred: PeerCred) -> apb.LocalReply:
-        kind = req.WhichOneof("body")
-        reply = apb.LocalReply(schema=cpb.SCHEMA_REVISION_CURRENT)
-        if kind == "register":
-            return self._register(req.register, cred)
-        if kind == "deregister":
-            jid = req.deregister.job_id
-            if jid not in self.registry:
-                return _error(NOT_FOUND, f"no job {jid!r} on this host")
-            owners = self.registry.owners(jid)
-            if cred.pid not in owners and cred.uid != 0:
-                return _error(PERMISSION_DENIED, f"job {jid!r} belongs to pid(s) "
-                              f"{', '.join(map(str, owners))}")
-            self.registry.deregister(jid, cred.pid if cred.pid in owners else None)
-            reply.ok = True
-        elif kind == "status":
-            await self._status(reply.status, req.status.local_only)
-        elif kind == "jobs":
-            reply.jobs.jobs.extend(convert.local_job_to_pb(j) for j in self.local_jobs())
-        elif kind == "hints":
-            doc, err, code = await self.link.hints(req.hints.format)
-            if doc is None:
-                return _error(INVALID_ARGUMENT if code == "INVALID_ARGUMENT" else UNAVAILABLE,
-                              f"leader {self.link.address}: {err}")
-            reply.hints.CopyFrom(doc)
-        elif kind == "plan":
-            doc, err = await self.link.plan_document()
-            if doc is None:
-                return _error(UNAVAILABLE, f"leader {self.link.address}: {err}")
-            reply.plan.CopyFrom(doc)
-        else:
-            return _error(INVALID_ARGUMENT, "empty or unknown request")
-        return reply
-
-    def _register(self, r: apb.RegisterJob, cred: PeerCred) -> apb.LocalReply:
-        job = LocalJob(r.job_id, r.gpus, r.node_rank, r.nnodes or 1, command=r.command[:256])
+    # --- local socket requests (decoded and answered by local_rpc.py) ----------
+    def register(self, job: LocalJob, hints: Measurement, cred: PeerCred) -> LocalJob:
         try:
             check_local_job(job)
-            hints = convert.measurement_from_pb(r.hints)
-            check_local_job(LocalJob(r.job_id, r.gpus, measurement=hints), "job")
+            check_local_job(LocalJob(job.job_id, job.gpus, measurement=hints), "job")
         except InvalidMessage as exc:
             self.rejected += 1
-            return _error(INVALID_ARGUMENT, str(exc))
+            raise Refused(Refusal.INVALID, str(exc)) from None
         try:
-            self.registry.register(job, hints, cred.pid)
+            return self.registry.register(job, hints, cred.pid)
         except ProcessLookupError:
-            return _error(INVALID_ARGUMENT, f"process {cred.pid} exited before registering")
-        return apb.LocalReply(schema=cpb.SCHEMA_REVISION_CURRENT, registered=apb.RegisterReply(
-            job_id=job.job_id, decision_table=str(self.config.agent.decision_table)))
+            raise Refused(Refusal.INVALID,
+                          f"process {cred.pid} exited before registering") from None
 
-    async def _status(self, out: apb.StatusReply, local_only: bool) -> None:
-        a = out.agent
-        a.host_id, a.version, a.leader_address = self.host_id, __version__, self.link.address
-        a.decision_table = str(self.config.agent.decision_table)
-        a.applied_generation = self.table.header().plan_generation
-        a.measurement_source, a.probing_source = self.measurement.name, self.probing.name
-        a.jobs.extend(convert.local_job_to_pb(j) for j in self.local_jobs())
-        a.peers.extend(convert.peer_paths_to_pb(t) for t in self.probing.paths())
-        overrides = self.dataplane.tc_overrides()  # one sysfs scan serves both fields
-        a.qps.extend(self.dataplane.qp_status(overrides))
-        a.sock_connects.extend(self.dataplane.sock_status())
-        a.nic_tc_overrides.extend(overrides)
-        a.pcie_links = self.dataplane.pcie_links
+    def deregister(self, job_id: str, cred: PeerCred) -> None:
+        if job_id not in self.registry:
+            raise Refused(Refusal.NOT_FOUND, f"no job {job_id!r} on this host")
+        owners = self.registry.owners(job_id)
+        if cred.pid not in owners and cred.uid != 0:
+            raise Refused(Refusal.NOT_ALLOWED, f"job {job_id!r} belongs to pid(s) "
+                          f"{', '.join(map(str, owners))}")
+        self.registry.deregister(job_id, cred.pid if cred.pid in owners else None)
+
+    def status(self) -> AgentStatus:
         seen = self.link.last_plan_mono
-        a.last_plan_age_s = -1.0 if seen is None else time.monotonic() - seen
-        if local_only:
-            a.leader_reachable = self.link.reachable
-            a.leader_error = self.link.last_error
-            return
-        cluster, err = await self.link.cluster_status()
-        a.leader_reachable = cluster is not None
-        a.leader_error = err
-        if cluster is not None:
-            out.cluster.CopyFrom(cluster)
+        return AgentStatus(
+            self.host_id, __version__, self.link.address, str(self.config.agent.decision_table),
+            self.table.header().plan_generation, self.measurement.name, self.probing.name,
+            tuple(self.local_jobs()), self.probing.paths(), self.dataplane.pcie_links,
+            -1.0 if seen is None else time.monotonic() - seen, self.link.reachable,
+            self.link.last_error)

@@ -104,7 +104,7 @@ def gpu_count(configured: int | None) -> int:
     try:
         with warnings.catch_warnings():  # pynvml's own deprecation notice, not ours
             warnings.simplefilter("ignore", FutureWarning)
-            import pynvml  # loaded here so GPU-less hosts never pay for it
+            import pynvml  # type: ignore[import-untyped]  # GPU-less hosts never load it
 
         pynvml.nvmlInit()
         try:

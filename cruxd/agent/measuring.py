@@ -27,11 +27,12 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cruxd.agent.inventory import netdevs_for
+from cruxd.agent.sources import MeasurementDefaults
 from cruxd.config.model import MeasureConfig
 from cruxd.control.records import (
     HostPlan,
@@ -42,8 +43,9 @@ from cruxd.control.records import (
     Nic,
 )
 from cruxd.measure.estimate import JobEstimate, estimate_job
+from cruxd.measure.gpu_work import GpuInfo, GpuSample
 from cruxd.measure.sampling.csampler import BatchSampler, SamplerUnavailable
-from cruxd.measure.sampling.gpu import GpuBackend, GpuInfo, GpuSample, NvmlUnavailable, open_backend
+from cruxd.measure.sampling.gpu import GpuBackend, NvmlUnavailable, open_backend
 from cruxd.measure.sampling.links import PortLinks
 from cruxd.measure.sampling.nic import Counter, CounterReader, net_counters, rdma_counters
 from cruxd.measure.window import CounterWindow
@@ -85,9 +87,9 @@ def belongs(pid: int, owners: set[int], proc: str = "/proc", depth: int = 32) ->
     return False
 
 
-class LiveMeasurement:
+class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
     def __init__(self, cfg: MeasureConfig, nics: tuple[Nic, ...],
-                 owners: Callable[[str], list[int]],
+                 owners: Callable[[str], Iterable[int]],
                  qp_records: Callable[[], list[ProcessRecords]],
                  job_count: Callable[[], int],
                  drift: float = 0.25, drift_windows: int = 3) -> None:

@@ -1,10 +1,11 @@
 """Where the agent's W_j/t_j and path tables come from.
 
-Later work plugs real sources in behind these two small interfaces (NVML and NIC
-counters for measurement, source-port sweeps for probing). What exists now is
-static: declared hints, a replayed file, a path table from a file; `cruxctl
-status` shows which source each agent uses, so nobody mistakes them for
-measurements.
+The agent's core sees a source only through `MeasurementSource` / `ProbingSource`, so a
+new source needs no change there. The live ones (NVML and NIC counters in measuring.py,
+source-port sweeps in sweeper.py) use every hook; the static ones here (declared hints, a
+replayed file, a path table from a file) take the hooks they have no use for from
+`MeasurementDefaults` / `ProbingDefaults`. `cruxctl status` shows which source each agent
+uses, so nobody mistakes a static one for measurements.
 """
 
 from __future__ import annotations
@@ -15,30 +16,114 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Protocol
 
-from cruxd.control.records import LocalJob, Measurement, PathTable, ProbedPath
+from cruxd.config.model import Config
+from cruxd.control.records import (
+    HostPlan,
+    LinkObservation,
+    LocalJob,
+    Measurement,
+    PathTable,
+    ProbedPath,
+)
 from cruxd.control.validate import InvalidMessage, check_host_id, check_measurement
 
 LOG = logging.getLogger(__name__)
 
 
 class MeasurementSource(Protocol):
-    name: str
+    """W_j and t_j per local job, and what the host's links carry."""
+
+    name: str  # shown in `cruxctl status` and the host's inventory
+
+    def start(self) -> None:
+        """Begin sampling (in threads of its own: the event loop must never wait on it)."""
+
+    def stop(self) -> None: ...
+
+    def reconfigure(self, config: Config) -> None:
+        """A reloaded configuration (only the keys that apply without a restart change)."""
+
+    def plan_changed(self, hp: HostPlan) -> None:
+        """The leader's plan for this host arrived (it says which jobs are profiled now)."""
+
+    def forget(self, live: set[str]) -> None:
+        """Drop what is kept about jobs not in `live` (the jobs registered now)."""
 
     def measure(self, job: LocalJob, hints: Measurement) -> Measurement: ...
 
+    def wants_profile(self, job_id: str) -> bool:
+        """Whether the job asks the leader for a new profiling window."""
+
+    def links(self) -> tuple[LinkObservation, ...]:
+        """The host's links as observed since the last call."""
+
 
 class ProbingSource(Protocol):
+    """The paths toward the peers of local jobs."""
+
     name: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def plan_changed(self, hp: HostPlan) -> None:
+        """The leader's plan for this host arrived (its routes name the peers)."""
 
     def paths(self) -> tuple[PathTable, ...]: ...
 
 
-class StaticMeasurement:
+class MeasurementDefaults:
+    """The hooks of `MeasurementSource` for a source that runs nothing and observes no link."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def reconfigure(self, config: Config) -> None:
+        pass
+
+    def plan_changed(self, hp: HostPlan) -> None:
+        pass
+
+    def forget(self, live: set[str]) -> None:
+        pass
+
+    def wants_profile(self, job_id: str) -> bool:
+        return False
+
+    def links(self) -> tuple[LinkObservation, ...]:
+        return ()
+
+
+class ProbingDefaults:
+    """The hooks of `ProbingSource` for a source that runs nothing and ignores the plan."""
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def plan_changed(self, hp: HostPlan) -> None:
+        pass
+
+
+class StaticMeasurement(MeasurementDefaults):
     """Declared figures from the job's registration (when hints are accepted)."""
 
     def __init__(self, accept_hints: bool) -> None:
         self.accept_hints = accept_hints
-        self.name = "static (declared hints)" if accept_hints else "static (none)"
+        self.name = self._name()
+
+    def _name(self) -> str:
+        return "static (declared hints)" if self.accept_hints else "static (none)"
+
+    def reconfigure(self, config: Config) -> None:
+        self.accept_hints = config.agent.accept_job_hints  # applies without a restart
+        self.name = self._name()
 
     def measure(self, job: LocalJob, hints: Measurement) -> Measurement:
         if not self.accept_hints:
@@ -77,7 +162,7 @@ class _WatchedJson:
         raise NotImplementedError
 
 
-class ReplayMeasurement(_WatchedJson):
+class ReplayMeasurement(MeasurementDefaults, _WatchedJson):
     """{"jobs": {"<job id>": {"flops_per_iter": .., "comm_s": .., ...}}} from a file."""
 
     name = "replay"
@@ -104,14 +189,14 @@ class ReplayMeasurement(_WatchedJson):
         return self._build(m) if m else Measurement(source="replay")
 
 
-class NoProbing:
+class NoProbing(ProbingDefaults):
     name = "none"
 
     def paths(self) -> tuple[PathTable, ...]:
         return ()
 
 
-class StaticPaths(_WatchedJson):
+class StaticPaths(ProbingDefaults, _WatchedJson):
     """A path table from a file ({"path_table": [{"src", "dst", "paths": [...]}]}, the
     scenario format), the rows whose src is this host."""
 

@@ -67,7 +67,7 @@ class LeaderLink:
 
     async def start(self) -> None:
         self._channel = tls.channel(self.address, self._tls)
-        self._stub = lgrpc.LeaderStub(self._channel)
+        self._stub = lgrpc.LeaderStub(self._channel)  # type: ignore[no-untyped-call]
         self._tasks = [asyncio.create_task(self._report_loop(), name="report"),
                        asyncio.create_task(self._watch_loop(), name="watch")]
 

@@ -1,0 +1,59 @@
+"""Which measurement and probing sources an agent runs, picked from its configuration.
+
+The core asks these factories for its sources and then sees them only through the
+protocols in sources.py: a new source is a branch here, never an edit of the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from cruxd.agent.measuring import LiveMeasurement
+from cruxd.agent.sources import (
+    MeasurementSource,
+    NoProbing,
+    ProbingSource,
+    ReplayMeasurement,
+    StaticMeasurement,
+    StaticPaths,
+)
+from cruxd.agent.sweeper import SweepProbing
+from cruxd.config.model import Config
+from cruxd.control.records import Nic
+from transport.qp_records import ProcessRecords
+
+
+@dataclass(frozen=True, slots=True)
+class SourceInputs:
+    """What an agent offers its sources: its configuration and views of its local state."""
+
+    config: Config
+    nics: tuple[Nic, ...]
+    owners: Callable[[str], Iterable[int]]  # a job's registered pids
+    qp_records: Callable[[], list[ProcessRecords]]  # the shims' QP records
+    job_count: Callable[[], int]
+    report_now: Callable[[], None]  # paths changed: tell the leader without waiting
+
+
+MeasurementFactory = Callable[[SourceInputs], MeasurementSource]
+ProbingFactory = Callable[[SourceInputs], ProbingSource]
+
+
+def measurement_for(inputs: SourceInputs) -> MeasurementSource:
+    a = inputs.config.agent
+    if a.measurement == "replay" and a.measurement_file is not None:
+        return ReplayMeasurement(a.measurement_file)
+    if a.measurement == "live":
+        return LiveMeasurement(inputs.config.measurement, inputs.nics, inputs.owners,
+                               inputs.qp_records, inputs.job_count)
+    return StaticMeasurement(a.accept_job_hints)
+
+
+def probing_for(inputs: SourceInputs) -> ProbingSource:
+    c = inputs.config
+    if c.agent.probing == "static" and c.agent.path_table is not None:
+        return StaticPaths(c.agent.path_table, c.host_id)
+    if c.agent.probing == "sweep":
+        return SweepProbing(c.probing, c.host_id, inputs.report_now)
+    return NoProbing()
