@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -33,6 +34,8 @@ from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
+from cruxd.scheduler.dscp import can_profile
+from cruxd.scheduler.planner import PlanConfig
 
 LOG = logging.getLogger(__name__)
 PERSIST_DELAY_S = 0.1
@@ -95,6 +98,11 @@ class Leader(lgrpc.LeaderServicer):
         self.state.profiling_s = lc.profiling_s
         self._event("configuration reloaded")
 
+    def plan_config(self) -> LeaderPlanConfig:
+        """What planning runs with, from the current [leader] section."""
+        lc = self.config.leader
+        return LeaderPlanConfig(PlanConfig(levels=lc.levels, dscp=lc.dscp), lc.star_nic_gbps)
+
     # --- events --------------------------------------------------------------
     def _event(self, *causes: str) -> None:
         if not causes:
@@ -115,7 +123,7 @@ class Leader(lgrpc.LeaderServicer):
             self._wake.clear()
             now = self.clock()
             causes = [*self._causes, *self.state.expire(now),
-                      *self.state.advance_profiling(now, self.config.leader.levels >= 2)]
+                      *self.state.advance_profiling(now, can_profile(self.config.leader.levels))]
             self._causes = []
             if causes or (self.plan is None and self.state.agents):
                 await self._replan(causes or ["first plan"])
@@ -123,8 +131,7 @@ class Leader(lgrpc.LeaderServicer):
     async def _replan(self, causes: list[str]) -> None:
         first = self._first_event or time.monotonic()
         self._first_event = None
-        lc = self.config.leader
-        cfg = LeaderPlanConfig(lc.levels, lc.dscp, lc.star_nic_gbps)
+        cfg = self.plan_config()
         gen = (self.plan.generation if self.plan else 0) + 1
         now = self.clock()
         try:
@@ -161,14 +168,14 @@ class Leader(lgrpc.LeaderServicer):
                       exc.strerror)
 
     # --- RPCs ------------------------------------------------------------------
-    async def _reject(self, context: grpc.aio.ServicerContext, rpc: str,
+    async def _reject(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str,
                       exc: InvalidMessage) -> None:
         self._on_reject(rpc, exc.field.split("[")[0].split(".")[0])
         LOG.warning("%s rejected from %s: %s", rpc, context.peer(), exc)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def Report(self, request: lpb.AgentReport,
-                     context: grpc.aio.ServicerContext) -> lpb.ReportAck:
+                     context: grpc.aio.ServicerContext[Any, Any]) -> lpb.ReportAck:
         try:
             report = check_report(convert.report_from_pb(request))
         except InvalidMessage as exc:
@@ -186,7 +193,7 @@ class Leader(lgrpc.LeaderServicer):
                              agent_timeout_s=self.config.leader.agent_timeout_s)
 
     async def WatchPlan(self, request: lpb.WatchRequest,
-                        context: grpc.aio.ServicerContext) -> AsyncIterator[lpb.HostPlan]:
+                        context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[lpb.HostPlan]:
         try:
             host = check_host_id(request.host_id)
         except InvalidMessage as exc:
@@ -208,11 +215,11 @@ class Leader(lgrpc.LeaderServicer):
             self.watchers -= 1
 
     async def Status(self, request: lpb.StatusRequest,
-                     context: grpc.aio.ServicerContext) -> cpb.ClusterStatus:
+                     context: grpc.aio.ServicerContext[Any, Any]) -> cpb.ClusterStatus:
         return cluster_status(self, socket.gethostname())
 
     async def GetPlan(self, request: lpb.PlanRequest,
-                      context: grpc.aio.ServicerContext) -> cpb.PlanDocument:
+                      context: grpc.aio.ServicerContext[Any, Any]) -> cpb.PlanDocument:
         if self.plan is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no plan yet (no agent reported)")
             raise AssertionError("unreachable")
@@ -226,7 +233,7 @@ class Leader(lgrpc.LeaderServicer):
                                 json=json.dumps(doc, allow_nan=False))
 
     async def GetHints(self, request: cpb.HintsRequest,
-                       context: grpc.aio.ServicerContext) -> cpb.HintsDocument:
+                       context: grpc.aio.ServicerContext[Any, Any]) -> cpb.HintsDocument:
         if request.format not in FORMATS:
             await self._reject(context, "GetHints", InvalidMessage(
                 "format", f"unknown format {request.format!r}; formats: {', '.join(FORMATS)}"))
