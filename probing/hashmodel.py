@@ -7,9 +7,10 @@ hashes (ASICs make this selectable), and how the hash becomes a next-hop index.
 
 Functions:
   "crc32"        IEEE 802.3, reflected (zlib.crc32); the seed is the initial value.
-  "crc16-ccitt"  polynomial 0x1021, not reflected; seed 0xFFFF gives CRC-16/CCITT-FALSE,
-                 0 gives XMODEM. Both CRCs are switch-style: the selected fields packed
-                 back to back in network byte order (IPs 4 bytes, proto 1, ports 2).
+  "crc16-ccitt"  polynomial 0x1021, not reflected (binascii.crc_hqx); seed 0xFFFF gives
+                 CRC-16/CCITT-FALSE, 0 gives XMODEM. Both CRCs are switch-style: the
+                 selected fields packed back to back in network byte order (IPs 4 bytes,
+                 proto 1, ports 2).
   "jhash"        the Linux kernel's jhash() (include/linux/jhash.h, Bob Jenkins' lookup3
                  with JHASH_INITVAL, little-endian word loads) over the key exactly as
                  nftables' `jhash` expression sees it (net/netfilter/nft_hash.c): a
@@ -32,13 +33,13 @@ is not modelled: it hashes a kernel struct layout that was not verified on the r
 
 from __future__ import annotations
 
+import binascii
 import ipaddress
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 
-from probing.sweep import ROCE_DPORT, ROCE_SPORTS
+from transport.roce import ROCE_DPORT, ROCE_SPORTS
 
 UDP = 17
 JHASH_INITVAL = 0xDEADBEEF
@@ -56,22 +57,9 @@ def crc32(data: bytes, seed: int = 0) -> int:
     return zlib.crc32(data, seed) & _M32
 
 
-@lru_cache(maxsize=1)
-def _crc16_table() -> tuple[int, ...]:
-    table = []
-    for byte in range(256):
-        crc = byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1) & 0xFFFF
-        table.append(crc)
-    return tuple(table)
-
-
 def crc16_ccitt(data: bytes, seed: int = 0xFFFF) -> int:
-    table, crc = _crc16_table(), seed & 0xFFFF
-    for byte in data:
-        crc = ((crc << 8) & 0xFFFF) ^ table[(crc >> 8) ^ byte]
-    return crc
+    # binascii.crc_hqx is exactly this CRC (poly 0x1021, MSB first, no final xor), in C
+    return binascii.crc_hqx(data, seed & 0xFFFF)
 
 
 def _rol(x: int, k: int) -> int:

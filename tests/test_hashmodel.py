@@ -26,7 +26,7 @@ from probing.hashmodel import (
     jhash,
     reciprocal_scale,
 )
-from probing.sweep import ROCE_SPORTS
+from transport.roce import ROCE_SPORTS
 
 REPO = Path(__file__).resolve().parent.parent
 SRC, DST = "10.2.0.2", "10.2.1.2"

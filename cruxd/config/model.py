@@ -96,6 +96,7 @@ class LeaderConfig:
     state_file: Path
     hints_dir: Path | None  # None: no periodic placement-hint export
     hints_interval_s: float
+    reflection: bool  # serve grpc.reflection.v1alpha for grpcurl and friends
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ from cruxd.config.model import (
 )
 from cruxd.config.probing_section import parse_probing
 from cruxd.errors import UsageError
+from cruxd.scheduler.dscp import DEFAULT_LEVELS, level_dscp
 
 __all__ = [
     "EMBEDDED",
@@ -224,17 +225,10 @@ def _leader(s: Section, state_dir: Path) -> LeaderConfig:
     if topology is not None and topology.suffix.lower() not in (".json", ".yaml", ".yml"):
         raise s.error("topology", "expected a .json, .yaml or .yml file, "
                       f"got {json.dumps(topology.name)}")
-    levels = s.integer("levels", 5, Range(1, 8))
+    levels = s.integer("levels", DEFAULT_LEVELS, Range(1, 8))
     dscp = s.integers("dscp")
-    # Imported here: the scheduler package pulls in numpy and scipy, which an
-    # agent-only host would otherwise pay for just to read its configuration.
-    from cruxd.scheduler.dscp import check_dscp, default_dscp
-
     try:
-        if dscp:
-            check_dscp(dscp, levels)
-        else:
-            default_dscp(levels)
+        level_dscp(levels, dscp or None)
     except ValueError as exc:
         raise s.error("dscp" if dscp else "levels", str(exc)) from None
     return LeaderConfig(
@@ -249,6 +243,7 @@ def _leader(s: Section, state_dir: Path) -> LeaderConfig:
         state_file=s.path("state_file") or state_dir / "leader-state.json",
         hints_dir=s.path("hints_dir"),
         hints_interval_s=s.number("hints_interval_s", 60.0, Range(1, 86400)),
+        reflection=s.boolean("reflection", False),
     )
 
 

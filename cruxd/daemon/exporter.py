@@ -1,5 +1,10 @@
-"""Prometheus metrics: counters updated as things happen, gauges read at scrape time
-from the leader's and agent's own state (so they can never drift from it)."""
+"""Prometheus metrics: counters updated as things happen, the rest read at scrape time
+from the leader's and agent's own state (so they can never drift from it).
+
+Names follow Prometheus' conventions, which `promtool check metrics` lints
+(tests/test_metrics_promtool.py): base units as suffixes, counters end in `_total`, and no
+label a server attaches itself (`job`, `instance`), which would arrive renamed `exported_job`.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,16 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from cruxd.config.hostport import parse_hostport
@@ -28,44 +41,53 @@ class _StateCollector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        leader, agent = self.m.leader, self.m.agent
-        if leader is not None:
-            plan = leader.plan
-            intensity = GaugeMetricFamily("crux_job_intensity", "GPU intensity I_j (FLOP/s)",
-                                          labels=["job"])
-            level = GaugeMetricFamily("crux_job_level", "Priority level, 0 lowest",
-                                      labels=["job", "state"])
-            for a in plan.jobs if plan else ():
-                if math.isfinite(a.intensity):
-                    intensity.add_metric([a.job_id], a.intensity)
-                level.add_metric([a.job_id, a.state.label], a.level)
-            yield intensity
-            yield level
-            yield GaugeMetricFamily("crux_plan_generation", "Current plan generation",
-                                    value=plan.generation if plan else 0)
-            ages = GaugeMetricFamily("crux_agent_report_age_seconds",
-                                     "Seconds since each agent's last report", labels=["host"])
-            now = leader.clock()
-            for host, rec in leader.state.agents.items():
-                ages.add_metric([host], now - rec.last_report)
-            yield ages
-            yield GaugeMetricFamily("crux_plan_watchers", "Open plan streams",
-                                    value=leader.watchers)
-        if agent is not None:
-            yield GaugeMetricFamily("crux_agent_local_jobs", "Jobs registered on this host",
-                                    value=len(agent.registry.jobs()))
-            yield GaugeMetricFamily("crux_agent_leader_reachable",
-                                    "1 when the last call to the leader succeeded",
-                                    value=1.0 if agent.link.reachable else 0.0)
-            yield GaugeMetricFamily("crux_agent_applied_generation",
-                                    "Plan generation in the decision table",
-                                    value=agent.table.header().plan_generation)
-            yield GaugeMetricFamily("crux_agent_rpc_errors", "Failed calls to the leader",
-                                    value=agent.link.rpc_errors)
-            yield GaugeMetricFamily("crux_agent_rejected",
-                                    "Local-socket requests refused (permission, bad input)",
-                                    value=agent.rejected + agent.server.rejected)
+    def collect(self) -> Iterator[Metric]:
+        if self.m.leader is not None:
+            yield from _leader_metrics(self.m.leader)
+        if self.m.agent is not None:
+            yield from _agent_metrics(self.m.agent)
+
+
+def _leader_metrics(leader: Leader) -> Iterator[Metric]:
+    plan = leader.plan
+    # I_j = W_j / t_j: FLOP per iteration over seconds of communication per iteration
+    intensity = GaugeMetricFamily("crux_job_intensity_flops_per_second",
+                                  "GPU intensity I_j (FLOP per second of communication)",
+                                  labels=["crux_job"])
+    level = GaugeMetricFamily("crux_job_level", "Priority level, 0 lowest",
+                              labels=["crux_job", "state"])
+    for a in plan.jobs if plan else ():
+        if math.isfinite(a.intensity):
+            intensity.add_metric([a.job_id], a.intensity)
+        level.add_metric([a.job_id, a.state.label], a.level)
+    yield intensity
+    yield level
+    yield GaugeMetricFamily("crux_plan_generation", "Current plan generation",
+                            value=plan.generation if plan else 0)
+    ages = GaugeMetricFamily("crux_agent_report_age_seconds",
+                             "Seconds since each agent's last report", labels=["host"])
+    now = leader.clock()
+    for host, rec in leader.state.agents.items():
+        ages.add_metric([host], now - rec.last_report)
+    yield ages
+    yield GaugeMetricFamily("crux_plan_watchers", "Open plan streams", value=leader.watchers)
+
+
+def _agent_metrics(agent: Agent) -> Iterator[Metric]:
+    yield GaugeMetricFamily("crux_agent_local_jobs", "Jobs registered on this host",
+                            value=len(agent.registry.jobs()))
+    yield GaugeMetricFamily("crux_agent_leader_reachable",
+                            "1 when the last call to the leader succeeded",
+                            value=1.0 if agent.link.reachable else 0.0)
+    yield GaugeMetricFamily("crux_agent_applied_generation",
+                            "Plan generation in the decision table",
+                            value=agent.table.header().plan_generation)
+    # counts that only grow while the process lives: counters, so rate() works on them
+    yield CounterMetricFamily("crux_agent_rpc_errors", "Failed calls to the leader",
+                              value=agent.link.rpc_errors)
+    yield CounterMetricFamily("crux_agent_rejected",
+                              "Local-socket requests refused (permission, bad input)",
+                              value=agent.rejected + agent.server.rejected)
 
 
 class Metrics:
@@ -81,6 +103,11 @@ class Metrics:
         self.rejected = Counter("crux_rpc_rejected", "Messages refused as invalid",
                                 ["rpc", "field"], registry=self.registry)
         self.registry.register(_StateCollector(self))
+        # the process_* and python_* families every Python exporter offers; this registry is
+        # not the library's global one, so they are registered here explicitly
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self._server: WSGIServer | None = None
         self.port = 0
 

@@ -15,6 +15,7 @@ import logging
 import signal
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -28,6 +29,10 @@ from cruxd.daemon.exporter import Metrics
 from cruxd.daemon.logs import setup_logging
 from cruxd.daemon.notify import Notifier, watchdog_loop
 from cruxd.errors import CruxError
+
+if TYPE_CHECKING:  # imported when a role starts: an agent-only host never loads the leader
+    from cruxd.agent.core import Agent
+    from cruxd.leader.service import Leader
 
 LOG = logging.getLogger("cruxd")
 GRACE_S = 5.0
@@ -49,8 +54,8 @@ class Daemon:
         self.reload_event = asyncio.Event()
         self.server: grpc.aio.Server | None = None
         self.health: HealthServicer | None = None
-        self.leader = None
-        self.agent = None
+        self.leader: Leader | None = None
+        self.agent: Agent | None = None
 
     async def start(self) -> None:
         c = self.config
@@ -77,9 +82,11 @@ class Daemon:
                                       self.metrics.on_plan, self.metrics.on_reject)
         leader.restore()
         self.server = grpc.aio.server(options=tls.KEEPALIVE_SERVER)
-        leader_pb2_grpc.add_LeaderServicer_to_server(leader, self.server)
+        leader_pb2_grpc.add_LeaderServicer_to_server(leader, self.server)  # type: ignore[no-untyped-call]
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if c.leader.reflection:
+            _enable_reflection(self.server)
         creds = tls.server_credentials(c.tls)
         try:
             port = (self.server.add_secure_port(c.leader.listen, creds) if creds
@@ -96,7 +103,7 @@ class Daemon:
         return _loopback(host, port)
 
     def status_line(self) -> str:
-        parts = []
+        parts: list[str] = []
         if self.agent is not None:
             parts.append(f"agent {self.config.host_id} ({len(self.agent.registry.jobs())} jobs)")
         if self.leader is not None:
@@ -168,6 +175,19 @@ class Daemon:
             await _bounded(self.server.stop(GRACE_S), "gRPC server", GRACE_S + 1)
         self.metrics.close()
         LOG.info("stopped")
+
+
+def _enable_reflection(server: grpc.aio.Server) -> None:
+    """Let grpcurl and grpc_cli list and call the leader's services without the .proto files."""
+    from grpc_reflection.v1alpha import reflection
+
+    from cruxd.rpc.gen.crux.v1 import leader_pb2
+
+    names = (leader_pb2.DESCRIPTOR.services_by_name["Leader"].full_name,
+             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    LOG.info("gRPC reflection on: %s", ", ".join(names))
 
 
 async def _bounded(step: Awaitable[object], what: str, timeout: float = GRACE_S) -> None:

@@ -9,8 +9,12 @@ spread. A dual-homed host is a member of its first leaf only, as in
 
 Switch, pod and fabric names become HyperNode names, which must be DNS-1123
 labels; the same names are the values of the node labels, so a label selector and
-a HyperNode always agree. Host names are used unchanged: they must already be the
-Kubernetes node names.
+a HyperNode always agree. Host names must be the Kubernetes node names, which are
+DNS-1123 subdomains (Volcano's CRD checks `exactMatch.name` against the same rule):
+a host name that is not one is lower-cased with other characters turned to '-', as
+the kubelet lower-cases its own, with a warning; two hosts that would become one
+node name are refused. tests/test_hints_volcano_crd.py validates against Volcano's
+own CRD (docs/hints/vendor/).
 """
 
 from __future__ import annotations
@@ -18,20 +22,28 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import yaml
 
+from cruxd.errors import UsageError
 from cruxd.hints.fabric_view import SCHEMA_VERSION, FabricView, natural
 
 API_VERSION = "topology.volcano.sh/v1alpha1"
 GENERATOR = "crux"
 LABEL_PREFIX = "crux.io/"
 MAX_NAME = 63  # DNS-1123 label and label-value limit alike
+MAX_SUBDOMAIN = 253  # DNS-1123 subdomain: a Kubernetes node's name
 TIER_LEAF, TIER_POD, TIER_FABRIC = 1, 2, 3
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class NodeNameWarning(UserWarning):
+    """A host name exported under a sanitized Kubernetes node name."""
 
 
 def dns_label(raw: str) -> str:
@@ -66,6 +78,47 @@ def unique_names(keys: Iterable[tuple[str, str]],
             n += 1
         taken.add(name)
         out[(ns, raw)] = name
+    return out
+
+
+def is_dns_subdomain(name: str) -> bool:
+    return len(name) <= MAX_SUBDOMAIN and bool(_DNS_SUBDOMAIN.match(name))
+
+
+def dns_subdomain(raw: str) -> str:
+    """Lower-case, every character outside [a-z0-9.-] to '-', each dot-separated part
+    trimmed to start and end alphanumeric, empty parts dropped; '' when nothing valid is
+    left. Not shortened: a cut name would name some other node."""
+    parts = (re.sub(r"[^a-z0-9-]", "-", p).strip("-") for p in raw.lower().split("."))
+    name = ".".join(p for p in parts if p)
+    return name if is_dns_subdomain(name) else ""
+
+
+def node_names(view: FabricView) -> dict[str, str]:
+    """host -> its Kubernetes node name: itself when valid, else sanitized (with a
+    NodeNameWarning). Raises UsageError when a host has no valid form or two hosts would
+    share one, since either would make a HyperNode select the wrong node."""
+    out: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    renamed = []
+    for host in sorted(view.hosts, key=natural):
+        name = host if is_dns_subdomain(host) else dns_subdomain(host)
+        if not name:
+            raise UsageError("not a Kubernetes node name (DNS-1123 subdomain) and nothing "
+                             "valid is left after sanitizing", where=f"host {host!r}")
+        if name in owner:
+            raise UsageError(f"hosts {owner[name]!r} and {host!r} would both be the Kubernetes "
+                             f"node {name!r}; rename one", where="volcano export")
+        if name != host:
+            renamed.append(f"{host!r} -> {name!r}")
+        owner[name] = host
+        out[host] = name
+    if renamed:
+        # the default warnings filter shows a given message once per process, so the
+        # leader's periodic export does not repeat it every interval
+        warnings.warn("host names that are not Kubernetes node names (DNS-1123 "
+                      f"subdomains) exported sanitized: {', '.join(renamed)}",
+                      NodeNameWarning, stacklevel=3)
     return out
 
 
@@ -115,11 +168,12 @@ def _member(kind: str, name: str) -> dict[str, Any]:
 def hypernodes(view: FabricView) -> list[dict[str, Any]]:
     """HyperNode manifests, leaves first, then pods, then the fabric (when it exists)."""
     names = _names(view)
+    nodes = node_names(view)
     out = []
     for leaf, hosts in view.leaf_hosts().items():
         if hosts:  # Volcano rejects a HyperNode without members
             out.append(_hypernode(view, names, ("leaf", leaf), TIER_LEAF,
-                                  [_member("Node", h) for h in hosts]))
+                                  [_member("Node", nodes[h]) for h in hosts]))
     populated = {names[("leaf", leaf)] for leaf, hosts in view.leaf_hosts().items() if hosts}
     pods = []
     for pod, leaves in view.pods().items():
@@ -136,11 +190,13 @@ def hypernodes(view: FabricView) -> list[dict[str, Any]]:
 
 
 def node_labels(view: FabricView) -> dict[str, dict[str, str]]:
-    """host -> labels naming its leaf, pod and fabric by their HyperNode names.
+    """Kubernetes node name -> labels naming its leaf, pod and fabric by their HyperNode
+    names (node names as in `node_names`).
 
     The `topology.kubernetes.io/*` keys are left alone on purpose: they mean cloud
     failure domains and belong to the kubelet and the cloud controller."""
     names = _names(view)
+    nodes = node_names(view)
     fabric = names[("fabric", view.name or "fabric")]
     out: dict[str, dict[str, str]] = {}
     for host in sorted(view.hosts, key=natural):
@@ -151,7 +207,7 @@ def node_labels(view: FabricView) -> dict[str, dict[str, str]]:
             labels[f"{LABEL_PREFIX}pod"] = names[("pod", hint.pod)]
             # How many ToRs the host is cabled to: 2 marks a dual-homed host.
             labels[f"{LABEL_PREFIX}leaf-count"] = str(len(hint.leaves))
-        out[host] = labels
+        out[nodes[host]] = labels
     return out
 
 

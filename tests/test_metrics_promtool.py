@@ -1,0 +1,117 @@
+"""The /metrics exposition against Prometheus' own linter and naming conventions.
+
+`promtool check metrics` (Debian package `prometheus`, installed by .ci/bootstrap) lints
+what a scrape returns: counters end in `_total`, names carry base units. What it does not
+check is asserted here too: no label Prometheus attaches itself (`job` would arrive as
+`exported_job`), monotonic counts typed as counters, the standard process/python families.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import generate_latest
+
+from cruxd.daemon.exporter import Metrics
+from tests.daemons import Daemon, crux_run, wait_for
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None,
+    reason="promtool not installed (Debian package `prometheus`; .ci/bootstrap installs it)")
+
+
+def _promtool(text: str) -> None:
+    assert PROMTOOL is not None
+    run = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, f"promtool: rc {run.returncode}\n{run.stdout}{run.stderr}"
+    assert run.stdout.strip() == "" and run.stderr.strip() == "", run.stdout + run.stderr
+
+
+def _types(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+
+
+def _stand_ins(metrics: Metrics) -> None:
+    """A leader and an agent with every figure the exporter reads, one job measured."""
+    job = SimpleNamespace(job_id="GPU_Job-1", intensity=2.5e14, level=3,
+                          state=SimpleNamespace(label="scheduled"))
+    unmeasured = SimpleNamespace(job_id="j2", intensity=float("inf"), level=0,
+                                 state=SimpleNamespace(label="unmeasured"))
+    metrics.leader = SimpleNamespace(  # type: ignore[assignment]
+        plan=SimpleNamespace(jobs=[job, unmeasured], generation=7), clock=lambda: 100.0,
+        state=SimpleNamespace(agents={"h0": SimpleNamespace(last_report=98.5)}), watchers=2)
+    metrics.agent = SimpleNamespace(  # type: ignore[assignment]
+        registry=SimpleNamespace(jobs=lambda: [job]),
+        link=SimpleNamespace(reachable=True, rpc_errors=4),
+        table=SimpleNamespace(header=lambda: SimpleNamespace(plan_generation=7)),
+        rejected=1, server=SimpleNamespace(rejected=2))
+
+
+def _rendered() -> str:
+    m = Metrics()
+    _stand_ins(m)
+    m.on_reject("Report", "jobs[0].gpus")
+    return generate_latest(m.registry).decode()
+
+
+def test_names_labels_and_types_follow_prometheus_conventions() -> None:
+    text = _rendered()
+    types = _types(text)
+    assert types["crux_agent_rpc_errors_total"] == "counter"
+    assert types["crux_agent_rejected_total"] == "counter"
+    assert "crux_agent_rpc_errors_total 4.0" in text
+    assert "crux_agent_rejected_total 3.0" in text
+    assert types["crux_job_intensity_flops_per_second"] == "gauge"
+    assert 'crux_job_intensity_flops_per_second{crux_job="GPU_Job-1"} 2.5e+14' in text
+    assert 'crux_job_level{crux_job="j2",state="unmeasured"} 0.0' in text
+    assert "crux_job_intensity{" not in text, "the intensity carries its unit"
+    # `job` and `instance` are the target labels Prometheus adds to every series
+    labels = {name for line in text.splitlines() if not line.startswith("#")
+              for name in re.findall(r'[{,](\w+)="', line)}
+    assert not labels & {"job", "instance"}, labels
+    for family in ("process_cpu_seconds_total", "process_resident_memory_bytes",
+                   "python_info", "python_gc_collections_total"):
+        assert re.search(rf"^{family}\b", text, re.M), f"{family} missing"
+
+
+@needs_promtool
+def test_promtool_accepts_the_rendered_registry() -> None:
+    _promtool(_rendered())
+
+
+@needs_promtool
+@pytest.mark.slow
+def test_promtool_accepts_a_live_daemons_metrics(tmp_path: Path) -> None:
+    d = Daemon(tmp_path, "h0", {
+        "leader": {"listen": "127.0.0.1:0", "profiling_s": 0, "debounce_ms": 10},
+        "agent": {"addresses": ["10.1.0.1"], "gpus": 8, "report_interval_s": 0.5},
+        "metrics": {"listen": "127.0.0.1:0"}})
+    d.start()
+    job = None
+    try:
+        text = d.wait_log("metrics on http://")
+        port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)", text)
+        assert port, text
+        url = f"http://127.0.0.1:{port.group(1)}/metrics"
+        job = crux_run(d.socket, "demo", "--gpus", "8", "--flops-per-iter", "1e15")
+
+        def scraped() -> str | None:
+            body = urllib.request.urlopen(url, timeout=5).read().decode()
+            return body if 'crux_job_level{crux_job="demo"' in body else None
+        body = wait_for("the job in /metrics", scraped)
+        _promtool(body)
+        assert _types(body)["crux_agent_rpc_errors_total"] == "counter"
+        assert re.search(r"^process_cpu_seconds_total ", body, re.M)
+    finally:
+        if job is not None:
+            job.kill()
+            job.wait()
+        assert d.stop() == 0, d.log_text()[-2000:]
