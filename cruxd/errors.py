@@ -1,4 +1,9 @@
-"""One error root for crux; the CLI maps these to one line and an exit status."""
+"""One error root for crux; the CLI maps these to one line and an exit status.
+
+Every error says where and why: `where` (a file, a flag, a key, a job) and `why`, shown as
+``where: why``. Errors the core raises for bad input also derive from ValueError, so code and
+tests written against ValueError (``pytest.raises(ValueError)``) keep working.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,11 @@ class CruxError(Exception):
     """Root of every error crux raises on purpose."""
 
     exit_status = 1
+
+    def __init__(self, why: str, *, where: str = "") -> None:
+        self.where = where
+        self.why = why
+        super().__init__(f"{where}: {why}" if where else why)
 
 
 class UsageError(CruxError):
@@ -19,6 +29,11 @@ class TopologyError(UsageError):
     """A topology that cannot be built as described."""
 
 
+class PlanningError(UsageError, ValueError):
+    """A workload the scheduler cannot plan as given (hosts with no path between them, a
+    reference job without traffic). ValueError too: what the core raised before."""
+
+
 class ScenarioError(UsageError):
     """A scenario (or topology) file with an invalid field.
 
@@ -27,25 +42,12 @@ class ScenarioError(UsageError):
     """
 
     def __init__(self, message: str, *, where: str = "", path: str = "$") -> None:
-        self.where = where
         self.path = path
         self.reason = message
-        super().__init__(self._render())
-
-    def _render(self) -> str:
-        head = f"{self.where}: " if self.where else ""
-        return f"{head}{self.path}: {self.reason}"
+        super().__init__(f"{path}: {message}", where=where)
 
     def located(self, where: str) -> ScenarioError:
         """This error placed in file `where`, unless an inner file already claimed it."""
         if self.where:
             return self
         return ScenarioError(self.reason, where=where, path=self.path)
-
-
-class DeviceError(CruxError):
-    """An OS or device call failed; carries errno where there is one."""
-
-    def __init__(self, message: str, errno: int | None = None) -> None:
-        self.errno = errno
-        super().__init__(message if errno is None else f"{message} (errno {errno})")

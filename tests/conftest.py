@@ -18,6 +18,12 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.register_profile("ci", deadline=None,
                               suppress_health_check=[HealthCheck.too_slow])
     settings.load_profile("ci")
+    # pytest's readline import exports the terminal's COLUMNS/LINES to every subprocess; the
+    # commands honour COLUMNS, so a test that wants a width sets one itself
+    os.unsetenv("COLUMNS")
+    os.unsetenv("LINES")
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from cruxd.scenario import bundled_names
-from tests.conftest import EXAMPLES, REPO, one_error_line
+from tests.cli_errors import one_error_line
+from tests.paths import EXAMPLES, REPO
 
 MODULE = [sys.executable, "-m", "cruxd.cli.cruxctl"]
 _script = shutil.which("cruxctl", path=str(Path(sys.executable).parent))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,8 +26,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 Doc = dict[str, Any]
 
 
-def simulate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def simulate(*args: str, cwd: Path, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*MODULE, *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **(env or {})},
                           timeout=300, check=False)
 
 
@@ -59,12 +62,12 @@ def test_fig11_utilisation_matches_the_seed(tmp_path: Path, name: str, fixed: fl
 
 
 def test_table_shows_utilisation_and_slowdowns(tmp_path: Path) -> None:
-    run = simulate(str(FIG11), cwd=tmp_path)
+    run = simulate(str(FIG11), cwd=tmp_path, env={"COLUMNS": "120"})
     assert run.returncode == 0, run.stderr
     assert "0.375" in run.stdout and "0.417" in run.stdout
     for word in ("fixed", "ecmp", "crux-full", "job1", "job2", "mean slowdown"):
         assert word in run.stdout
-    assert max(len(line) for line in run.stdout.splitlines()) <= 120  # piped: width 120
+    assert max(len(line) for line in run.stdout.splitlines()) <= 120  # the width asked for
 
 
 def test_json_document(tmp_path: Path) -> None:

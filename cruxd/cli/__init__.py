@@ -1,1 +1,1 @@
-"""Command-line entry points: cruxctl and cruxd."""
+"""Command-line entry points: cruxctl, cruxd and crux-run."""

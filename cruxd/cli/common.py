@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from rich.console import Console
 
@@ -29,8 +31,26 @@ def resolve_scenario(arg: str | None) -> Path:
                      f"(bundled: {', '.join(bundled_names())})")
 
 
-def console() -> Console:
-    out = Console()
-    if not out.is_terminal:  # pipes and logs: wide enough that no number is cut
-        out = Console(width=120)
-    return out
+UNBOUNDED = 100_000  # columns on a pipe or file: no line is ever cut or wrapped
+
+
+def console(stderr: bool = False) -> Console:
+    """The console a command prints to (stdout, or stderr for progress).
+
+    Width: $COLUMNS when set, else the terminal's; on a pipe or file, unbounded (text is not
+    wrapped, tables are as wide as their content). NO_COLOR (set, not empty) removes every
+    style: rich's own NO_COLOR handling drops colours but keeps bold and dim, and with no
+    colour system rich writes no escape codes at all.
+    """
+    env = os.environ
+    wide = not _isatty(sys.stderr if stderr else sys.stdout) and not env.get(
+        "COLUMNS", "").isdigit()
+    return Console(stderr=stderr, width=UNBOUNDED if wide else None, soft_wrap=wide,
+                   color_system=None if env.get("NO_COLOR", "") != "" else "auto")
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False

@@ -24,10 +24,18 @@ import shlex
 import socket
 import sys
 
+from cruxd import __version__
+from cruxd.cli.exits import run_command
 from cruxd.cli.job_env import default_table, job_env, render_exports
-from cruxd.errors import CruxError
+from cruxd.errors import CruxError, UsageError
 
 ENV_JOB = ("CRUX_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+
+
+class NotRunnable(CruxError):
+    """COMMAND cannot be exec()ed (not found, not executable): the shell's status."""
+
+    exit_status = 127
 
 
 def _env_int(*names: str) -> int | None:
@@ -58,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
                "figures (--flops-per-iter, ...) are hints the agent may use until it "
                "measures the job; they never set a priority. Exit status: COMMAND's; "
                "2 bad arguments; 127 COMMAND not runnable.")
+    p.add_argument("--version", action="version", version=f"crux-run {__version__}")
     p.add_argument("--job-id", metavar="ID", help="the job's id, the same on every host")
     p.add_argument("--gpus", type=int, metavar="N", help="GPUs the job uses on this host")
     p.add_argument("--node-rank", type=int, metavar="R", help="this host's rank in the job")
@@ -122,13 +131,11 @@ def _warn(args: argparse.Namespace, msg: str) -> None:
 
 def _print_env(args: argparse.Namespace) -> int:
     if args.command:
-        print("crux-run: error: --print-env takes no COMMAND", file=sys.stderr)
-        return 2
+        raise UsageError("--print-env takes no COMMAND")
     job_id = args.job_id or next((os.environ[n] for n in ENV_JOB if os.environ.get(n)), None)
     if job_id is None:
-        print("crux-run: error: --print-env needs --job-id (or CRUX_JOB_ID, SLURM_JOB_ID, "
-              "TORCHELASTIC_RUN_ID)", file=sys.stderr)
-        return 2
+        raise UsageError("--print-env needs --job-id (or CRUX_JOB_ID, SLURM_JOB_ID, "
+                         "TORCHELASTIC_RUN_ID)")
     env = job_env(os.environ, job_id, args.table or default_table(),
                   verbs=not args.no_shim, sock=not (args.no_shim or args.no_sock))
     for w in env.warnings:
@@ -141,12 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
-    if args.print_env:
-        return _print_env(args)
+    return run_command("crux-run", lambda: _print_env(args) if args.print_env else _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     if not args.command:
-        print("crux-run: error: no COMMAND given (crux-run [options] -- COMMAND ...)",
-              file=sys.stderr)
-        return 2
+        raise UsageError("no COMMAND given (crux-run [options] -- COMMAND ...)")
     job_id = args.job_id or next((os.environ[n] for n in ENV_JOB if os.environ.get(n)), None)
     if job_id is None:
         job_id = f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
@@ -163,9 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         os.execvpe(args.command[0], args.command, env)
     except OSError as exc:
-        print(f"crux-run: error: cannot run {args.command[0]!r}: {exc.strerror}",
-              file=sys.stderr)
-        return 127
+        raise NotRunnable(f"cannot run {args.command[0]!r}: {exc.strerror}") from None
     return 0  # not reached: exec replaced this process
 
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cruxd import __version__
@@ -18,7 +19,8 @@ from cruxd.cli import hints_cmd, live_cmd, measure_cmd, place_cmd, probe_cmd
 from cruxd.cli.common import DEFAULT_SCENARIO
 from cruxd.cli.common import console as _console
 from cruxd.cli.common import resolve_scenario as _resolve
-from cruxd.errors import CruxError, ScenarioError, UsageError
+from cruxd.cli.exits import run_command
+from cruxd.errors import PlanningError, ScenarioError, UsageError
 from cruxd.scenario import bundled_names, load_scenario
 
 
@@ -74,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="priority levels of the fabric (overrides simulate.levels; default 8)")
     sm.add_argument("--json", action="store_true", help="print the results as JSON")
     sm.add_argument("--plot", type=Path, metavar="FILE.png",
-                    help="write a figure: utilisation over time and per-job slowdown")
+                    help="write a figure: utilisation over time and per-job slowdown (needs "
+                         "matplotlib: pip install 'crux[plot]')")
     st = sub.add_parser(
         "status", help="the running system: leader, agents, jobs and the last plan",
         description="Ask the local agent (which asks the leader) or the leader directly for "
@@ -115,7 +118,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         result = plan(sc.view, sc.config)
-    except ValueError as exc:  # e.g. hosts with no path between them
+    except PlanningError as exc:  # e.g. hosts with no path between them: blame the file
         raise ScenarioError(f"cannot plan: {exc}", where=str(path)) from None
     latency = time.perf_counter() - start
     if args.json:
@@ -140,14 +143,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from cruxd.scenario.simulation import simulation_of
 
     path = _resolve(args.scenario)
-    if args.plot is not None and not args.plot.parent.is_dir():
-        raise UsageError(f"--plot {args.plot}: no such directory {str(args.plot.parent)!r}")
+    if args.plot is not None:
+        from cruxd.cli.plots import need_matplotlib
+
+        need_matplotlib()  # before minutes of simulation, not after
+        if not args.plot.parent.is_dir():
+            raise UsageError(f"--plot {args.plot}: no such directory "
+                             f"{str(args.plot.parent)!r}")
     sc = load_scenario(path)
     jobs, settings = simulation_of(sc, policies=_policy_list(args.policy),
                                    horizon_s=args.horizon, seed=args.seed, levels=args.levels)
     try:
         runs = run_policies(sc, jobs, settings)
-    except ValueError as exc:  # e.g. hosts with no path between them
+    except PlanningError as exc:  # e.g. hosts with no path between them: blame the file
         raise ScenarioError(f"cannot simulate: {exc}", where=str(path)) from None
     if args.plot is not None:
         from cruxd.cli.plots import write_plot
@@ -164,18 +172,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "plan": cmd_plan, "simulate": cmd_simulate, "status": live_cmd.cmd_status,
+    "jobs": live_cmd.cmd_jobs, "probe": probe_cmd.cmd_probe, "measure": measure_cmd.cmd_measure,
+    "hints": hints_cmd.cmd_hints, "place": place_cmd.cmd_place}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        return {"plan": cmd_plan, "simulate": cmd_simulate, "status": live_cmd.cmd_status,
-                "jobs": live_cmd.cmd_jobs, "probe": probe_cmd.cmd_probe,
-                "measure": measure_cmd.cmd_measure, "hints": hints_cmd.cmd_hints,
-                "place": place_cmd.cmd_place}[args.command](args)
-    except CruxError as exc:
-        print(f"cruxctl: error: {exc}", file=sys.stderr)
-        return exc.exit_status
-    except BrokenPipeError:
-        return 0
+    return run_command("cruxctl", lambda: COMMANDS[args.command](args))
 
 
 if __name__ == "__main__":

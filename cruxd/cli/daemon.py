@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from pathlib import Path
 
 from cruxd import __version__
-from cruxd.errors import CruxError
+from cruxd.cli.exits import run_command
+from cruxd.errors import UsageError
 
 EPILOG = """\
 Without --config, cruxd runs the embedded default: agent and leader on this host,
@@ -42,23 +42,22 @@ def main(argv: list[str] | None = None) -> int:
     from cruxd.daemon.logs import setup_logging
     from cruxd.daemon.notify import Notifier
 
-    try:
+    def run() -> int:
         config = load_config(args.config)
         if args.check_config:
             _print_config(config)
             return 0
         setup_logging(config.log_level)
-        notifier = Notifier.from_env()
+        try:
+            notifier = Notifier.from_env()
+        except ValueError as exc:  # malformed systemd environment (notify.py is stdlib-only)
+            raise UsageError(str(exc)) from None
         from cruxd.daemon.main import serve
 
         return asyncio.run(serve(config, args.config, notifier))
-    except CruxError as exc:
-        logging.getLogger("cruxd").debug("fatal", exc_info=True)
-        print(f"cruxd: error: {exc}", file=sys.stderr)
-        return exc.exit_status
-    except ValueError as exc:  # malformed systemd environment
-        print(f"cruxd: error: {exc}", file=sys.stderr)
-        return 2
+
+    try:
+        return run_command("cruxd", run)
     except KeyboardInterrupt:
         return 0
 

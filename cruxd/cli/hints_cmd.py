@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from cruxd.cli import live_cmd
-from cruxd.errors import ScenarioError, UsageError
+from cruxd.errors import PlanningError, ScenarioError, UsageError
 
 # the renderer's list (cruxd.hints.formats.FORMATS), repeated so --help needs no numpy
 FORMATS = ("spiderflow", "arnold", "volcano", "slurm", "labels", "bandwidth")
@@ -48,7 +48,7 @@ def _scenario_text(scenario: str, fmt: str) -> str:
     sc = load_scenario(path)
     try:
         result = plan(sc.view, sc.config)
-    except ValueError as exc:
+    except PlanningError as exc:  # e.g. hosts with no path between them: blame the file
         raise ScenarioError(f"cannot plan: {exc}", where=str(path)) from None
     decided = {d.job: d for d in result.jobs}
     jobs = tuple(JobHint(j.id, tuple(h for h, _ in j.hosts), sum(n for _, n in j.hosts),

@@ -108,7 +108,7 @@ def leader_call(args: argparse.Namespace, method: str, request: Any = None) -> A
 
         ch = tls.channel(args.leader, tls_config or TlsConfig(None, None, None, None))
         try:
-            stub = lgrpc.LeaderStub(ch)
+            stub = lgrpc.LeaderStub(ch)  # type: ignore[no-untyped-call]
             req = request or (lpb.StatusRequest() if method == "Status"
                               else lpb.PlanRequest())
             return await getattr(stub, method)(req, timeout=5.0)

@@ -56,9 +56,7 @@ def _gpu(args: argparse.Namespace) -> tuple[GpuBackend | None, str]:
     if args.gpu != "replay" and args.gpu_file is not None:
         raise UsageError("--gpu-file is only used with --gpu replay")
     try:
-        backend = open_backend(args.gpu, args.gpu_file)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        backend = open_backend(args.gpu, args.gpu_file)  # GpuSourceError: a bad recording
     except NvmlUnavailable as exc:
         if args.record is not None:
             raise CruxError(f"cannot record: {exc}") from None
@@ -70,7 +68,8 @@ def _gpu(args: argparse.Namespace) -> tuple[GpuBackend | None, str]:
 
 def cmd_measure(args: argparse.Namespace) -> int:
     from cruxd.measure.estimate import estimate_job
-    from cruxd.measure.sampling.gpu import GpuSample, Recorder
+    from cruxd.measure.gpu_work import GpuSample
+    from cruxd.measure.sampling.gpu import Recorder
     from cruxd.measure.sampling.nic import Sampler, net_counters, rdma_counters
 
     if not 1 <= args.rate <= 1000:

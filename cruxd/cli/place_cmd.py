@@ -92,10 +92,11 @@ def cmd_place(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from cruxd.cli.common import console as _console
+
+    console = _console()
     console.print(f"job dp={args.dp} tp={args.tp} pp={args.pp} on {len(p.hosts)} node(s) "
                   f"in {len(p.minipods_used)} minipod(s) ({', '.join(p.minipods_used)}); "
                   f"unit {p.unit}; PP groups span up to {p.max_pp_spread}, DP groups up to "

@@ -1,4 +1,5 @@
-"""`cruxctl simulate --plot`: one figure, two panels (matplotlib, Agg, imported lazily).
+"""`cruxctl simulate --plot`: one figure, two panels (matplotlib, Agg, imported lazily;
+an optional dependency: `pip install 'crux[plot]'`).
 
 Top: GPU utilisation over time, one line per policy. Bottom: each job's slowdown,
 a bar per policy side by side, in the same colours.
@@ -10,7 +11,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cruxd.errors import UsageError
+from cruxd.errors import CruxError, UsageError
 
 if TYPE_CHECKING:
     from cruxd.cli.simulate_cmd import Run
@@ -21,16 +22,27 @@ MAX_JOBS = 24  # bars beyond this are unreadable: show the most slowed-down jobs
 STARVED = 1e6  # slowdowns beyond this: the job made (next to) no progress
 
 
+def need_matplotlib() -> None:
+    """Raise, in one line, unless matplotlib can be imported (it is an optional extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:  # missing, or broken (its message may span lines)
+        why = (str(exc).splitlines() or ["cannot import it"])[0]
+        raise CruxError(f"needs matplotlib ({why}): pip install 'crux[plot]'",
+                        where="--plot") from None
+
+
 def write_plot(path: Path, sc: Scenario, runs: list[Run]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.colors import TABLEAU_COLORS
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    colours = plt.get_cmap("tab10").colors
+    colours = list(TABLEAU_COLORS.values())  # tab10, as hex strings
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8.5), height_ratios=(1, 1.1),
                                       layout="constrained")
     horizon = max((r.result.horizon_s for r in runs), default=0.0)

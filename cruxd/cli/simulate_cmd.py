@@ -7,12 +7,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cruxd.cli.common import console as _console
 from cruxd.cli.plan_view import topology_summary
 from cruxd.scenario import Scenario
 from cruxd.scenario.simulation import SimSettings
@@ -44,7 +46,7 @@ class DelayedProgress:
         self._timer: threading.Timer | None = None
         self.bar = Progress(TextColumn("[bold]{task.description:>14}"), BarColumn(),
                             TextColumn("{task.fields[at]}"), TimeElapsedColumn(),
-                            console=Console(stderr=True), transient=True, auto_refresh=True)
+                            console=_console(stderr=True), transient=True, auto_refresh=True)
 
     def __enter__(self) -> DelayedProgress:
         if self.enabled:
@@ -68,7 +70,9 @@ class DelayedProgress:
                 self.bar.stop()
 
     def task(self, name: str, start_s: float) -> TaskID:
-        return self.bar.add_task(name, total=self.total, completed=start_s, at=self._at(start_s))
+        task = self.bar.add_task(name, total=self.total, at=self._at(start_s))
+        self.bar.update(task, completed=start_s)  # add_task's stub says int; it is seconds
+        return task
 
     def advance(self, task: TaskID, now_s: float) -> None:
         self.bar.update(task, completed=now_s, at=self._at(now_s))
@@ -88,7 +92,7 @@ def run_policies(sc: Scenario, jobs: list[SimJob], settings: SimSettings) -> lis
             task = bar.task(name, start)
             t0 = time.perf_counter()
             result = simulate(jobs, topo, policy, settings.config,
-                              progress=lambda now, task=task: bar.advance(task, now))
+                              progress=partial(bar.advance, task))
             runs.append(Run(name, result, time.perf_counter() - t0))
             bar.advance(task, bar.total if bar.total is not None else result.horizon_s)
     return runs

@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cruxd.config.hostport import parse_hostport
+from cruxd.errors import UsageError
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
-class FieldError(Exception):
+class FieldError(UsageError):
     """A bad value at `key` (dotted); becomes a ConfigError once the file is known."""
 
     def __init__(self, key: str, reason: str) -> None:
-        super().__init__(f"{key}: {reason}")
+        super().__init__(reason, where=key)
         self.key = key
         self.reason = reason
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cruxd.errors import PlanningError
 from cruxd.model.jobs import FlowSpec
 from cruxd.model.paths import PathFinder, finder_for
 from cruxd.model.plan import FlowDecision
@@ -49,7 +50,7 @@ def candidate_flows(view: ClusterView, max_paths: int
             if hit is None:
                 cands, sports = _candidates(view, finder, spec)
                 if len(cands) == 0:
-                    raise ValueError(f"job {job.id}: no path from {spec.src} to {spec.dst}")
+                    raise PlanningError(f"job {job.id}: no path from {spec.src} to {spec.dst}")
                 hit = memo[key] = (cands, 1.0 / topo.capacity[cands], sports)
             flow = FlowPaths(ji, spec, *hit)
             flows.append(flow)

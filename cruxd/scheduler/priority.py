@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cruxd.errors import PlanningError
 from cruxd.scheduler.pairwise import pair_gains, timing
 
 K_MIN, K_MAX = 1e-3, 1e3
@@ -54,10 +55,10 @@ def assign(ids: Sequence[str], intensity: np.ndarray, compute_s: np.ndarray,
     period = np.maximum(compute_s, (1.0 - overlap) * compute_s + comm_s)
     if reference is not None:
         if reference not in ids:
-            raise ValueError(f"reference job {reference!r} is not among the jobs")
+            raise PlanningError(f"reference job {reference!r} is not among the jobs")
         ref: int | None = list(ids).index(reference)
         if traffic[ref] <= 0:
-            raise ValueError(f"reference job {reference!r} has no network traffic")
+            raise PlanningError(f"reference job {reference!r} has no network traffic")
     else:
         ref = reference_job(traffic, period, ids)
     net = np.flatnonzero(comm_s > 0)

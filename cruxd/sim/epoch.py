@@ -75,46 +75,55 @@ class Component:
         return stop
 
     def advance(self, now: float, stop: float) -> Advance:
-        """Second pass: move the real states to `stop` and report what happened."""
+        """Second pass: move the real states to `stop` and report what happened: take
+        over the first pass's simulated part (`_replay`), then extrapolate at the
+        steady rates up to `stop` (`_extrapolate`)."""
         trial = self._trial
         assert trial is not None, "plan() first"
-        eng = self.engine
         if trial.result is not None and trial.reached > stop + _EPS:
             # another component stops the epoch earlier: simulate exactly up to there
-            res = eng.run(self.states, now, stop)
+            res = self.engine.run(self.states, now, stop)
             return Advance(res.iterations, res.busy, res.link_bytes, res.finished)
-        iters = np.zeros(len(self.states))
-        busy = np.zeros(len(self.states))
-        lbytes = np.zeros(eng.m_bytes.shape[1])
-        finished = np.zeros(len(self.states), dtype=bool)
-        start = now
-        if trial.result is not None:
-            for real, done in zip(self.states, trial.states, strict=True):
-                real.__dict__.update(done.__dict__)
-            iters += trial.result.iterations
-            busy += trial.result.busy
-            lbytes += trial.result.link_bytes
-            finished |= trial.result.finished
-            start = trial.reached
-        if stop > start + _EPS and not finished.any():
-            # what the iteration in flight has already booked (bytes sent, compute
-            # done): a job that finishes inside the extrapolation counts it whole
-            sent = np.array([1.0 - s.remaining if s.comm_at <= start else 0.0
-                             for s in self.states])
-            computed = np.array([max(0.0, min(start, s.start + c) - max(s.start, s.begin))
-                                 for s, c in zip(self.states, eng.compute_s, strict=True)])
-            extra = trial.rate * (stop - start)
-            iters += extra
-            busy += extra * eng.compute_s * eng.gpus
-            lbytes += extra @ eng.m_bytes
-            for s, x in zip(self.states, extra, strict=True):
-                s.shift(stop - start)
-                s.iterations += float(x)
-            finished |= self.budget_left - iters <= 1e-6
-            if finished.any():
-                busy -= np.where(finished, computed * eng.gpus, 0.0)
-                lbytes -= np.where(finished, sent, 0.0) @ eng.m_bytes
-        return Advance(iters, busy, lbytes, finished)
+        adv, start = self._replay(trial, now)
+        if stop > start + _EPS and not adv.finished.any():
+            self._extrapolate(adv, trial.rate, start, stop)
+        return adv
+
+    def _replay(self, trial: _Trial, now: float) -> tuple[Advance, float]:
+        """The first pass's simulated part, if any, made real; and where it ended."""
+        n = len(self.states)
+        adv = Advance(np.zeros(n), np.zeros(n), np.zeros(self.engine.m_bytes.shape[1]),
+                      np.zeros(n, dtype=bool))
+        if trial.result is None:
+            return adv, now
+        for real, done in zip(self.states, trial.states, strict=True):
+            real.__dict__.update(done.__dict__)
+        adv.iterations += trial.result.iterations
+        adv.busy += trial.result.busy
+        adv.link_bytes += trial.result.link_bytes
+        adv.finished |= trial.result.finished
+        return adv, trial.reached
+
+    def _extrapolate(self, adv: Advance, rate: np.ndarray, start: float, stop: float) -> None:
+        """Add [start, stop) at steady `rate`, shifting the states by its length."""
+        eng = self.engine
+        # what the iteration in flight has already booked (bytes sent, compute
+        # done): a job that finishes inside the extrapolation counts it whole
+        sent = np.array([1.0 - s.remaining if s.comm_at <= start else 0.0
+                         for s in self.states])
+        computed = np.array([max(0.0, min(start, s.start + c) - max(s.start, s.begin))
+                             for s, c in zip(self.states, eng.compute_s, strict=True)])
+        extra = rate * (stop - start)
+        adv.iterations += extra
+        adv.busy += extra * eng.compute_s * eng.gpus
+        adv.link_bytes += extra @ eng.m_bytes
+        for s, x in zip(self.states, extra, strict=True):
+            s.shift(stop - start)
+            s.iterations += float(x)
+        adv.finished |= self.budget_left - adv.iterations <= 1e-6
+        if adv.finished.any():
+            adv.busy -= np.where(adv.finished, computed * eng.gpus, 0.0)
+            adv.link_bytes -= np.where(adv.finished, sent, 0.0) @ eng.m_bytes
 
 
 def _finish(now: float, end: float, left: np.ndarray, rate: np.ndarray) -> float:

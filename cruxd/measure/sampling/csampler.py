@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from cruxd.errors import CruxError
 from cruxd.measure.sampling.nic import Counter, CounterReader
 from cruxd.measure.window import CounterWindow
 from transport import native
@@ -31,7 +32,7 @@ _lib: ctypes.CDLL | None = None
 _lib_lock = threading.Lock()
 
 
-class SamplerUnavailable(RuntimeError):
+class SamplerUnavailable(CruxError, RuntimeError):
     """The C sampler cannot be loaded here; the message says why."""
 
 

@@ -26,6 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
+from cruxd.errors import CruxError, UsageError
 from cruxd.measure.gpu_work import GpuInfo, GpuSample, peak_tflops
 
 
@@ -37,8 +38,13 @@ class GpuBackend(Protocol):
     def sample(self) -> GpuSample: ...
 
 
-class NvmlUnavailable(RuntimeError):
+class NvmlUnavailable(CruxError, RuntimeError):
     """No NVML here (no driver, no GPU): the reason, for a skip or a status line."""
+
+
+class GpuSourceError(UsageError, ValueError):
+    """A GPU source that cannot be opened as configured: an unknown source, a missing or
+    malformed recording. ValueError too: what open_backend raised before."""
 
 
 class NvmlBackend:
@@ -129,9 +135,9 @@ class ReplayBackend:
                                        tuple(s.get("sm_active", ())))
                              for s in doc["samples"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}: not a GPU recording: {exc}") from None
+            raise GpuSourceError(f"not a GPU recording: {exc}", where=str(path)) from None
         if not self._samples:
-            raise ValueError(f"{path}: the recording has no samples")
+            raise GpuSourceError("the recording has no samples", where=str(path))
         self._next = 0
 
     def inventory(self) -> list[GpuInfo]:
@@ -160,18 +166,18 @@ class PeakOverride:
 def open_backend(kind: str, replay_file: str | Path | None = None,
                  peak_tflops: float = 0.0) -> GpuBackend | None:
     """The backend a configuration names ("nvml", "replay" with its file, "none": None),
-    every device at `peak_tflops` when that is set. Raises NvmlUnavailable, or ValueError
-    for a bad recording."""
+    every device at `peak_tflops` when that is set. Raises NvmlUnavailable, or GpuSourceError
+    for a bad source or recording."""
     if kind == "none":
         return None
     if kind == "replay":
         if replay_file is None:
-            raise ValueError("replaying GPUs needs a recording")
+            raise GpuSourceError("replaying GPUs needs a recording")
         backend: GpuBackend = ReplayBackend(replay_file)
     elif kind == "nvml":
         backend = NvmlBackend()
     else:
-        raise ValueError(f"unknown GPU source {kind!r}; sources: nvml, replay, none")
+        raise GpuSourceError(f"unknown GPU source {kind!r}; sources: nvml, replay, none")
     return PeakOverride(backend, peak_tflops) if peak_tflops > 0 else backend
 
 
