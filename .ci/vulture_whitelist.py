@@ -44,9 +44,3 @@ lag_samples  # cruxd/measure/period.py: PeriodEstimate
 peaks_fit  # cruxd/measure/period.py: PeriodEstimate
 FIN  # probing/tcp_wire.py: TCP flag constants, the set in one line
 PSH  # probing/tcp_wire.py
-
-# Counters and state written but never read yet: for their owners to show or remove.
-_.plans_applied  # cruxd/agent/core.py
-_.reports_sent  # cruxd/agent/uplink.py
-_.gpu_error  # cruxd/agent/measuring.py
-available  # transport/verbs.py: why pyverbs cannot be used; named in its docstring

@@ -6,8 +6,7 @@ the IP TOS byte. So the decided source port (which picks the ECMP path) becomes 
 `sport & 0x3FFF`, and the decided level's traffic class goes in as it is. Used by tests and
 probing; training jobs get the same through the C shim (shim/crux_ibverbs.c), which NCCL loads.
 
-pyverbs ships with rdma-core (Debian: python3-pyverbs); `available()` says why it cannot be used
-on a host without it or without RDMA devices.
+pyverbs ships with rdma-core (Debian: python3-pyverbs).
 """
 
 from __future__ import annotations
@@ -40,20 +39,6 @@ def sport_of(flow_label: int) -> int:
     if fl == 0:
         raise ValueError("flow label 0: the NIC derives the port from the QP numbers")
     return ROCE_SPORT_MIN | ((fl & 0x3FFF) ^ ((fl & 0xFC000) >> 14))
-
-
-def available() -> str | None:
-    """None when pyverbs imports and at least one RDMA device exists, else why not."""
-    try:
-        import pyverbs.device as d
-    except ImportError as exc:
-        return f"pyverbs is not importable ({exc}); apt-get install python3-pyverbs"
-    try:
-        if not d.get_device_list():
-            return "no RDMA devices"
-    except Exception as exc:  # pyverbs raises its own error when the kernel has no RDMA
-        return f"no RDMA devices ({exc})"
-    return None
 
 
 def roce_v2_gid(device: str, port: int = 1, sysfs: Path = SYSFS) -> tuple[int, str]:

@@ -74,7 +74,6 @@ class Agent:
         self.link = LeaderLink(leader_address, config.tls, self.host_id, self.report,
                                self.apply_plan, a.report_interval_s, a.reconnect_max_s,
                                lambda: self.table.header().plan_generation)
-        self.plans_applied = 0
         self.rejected = 0
         self._restoring = False
 
@@ -123,7 +122,6 @@ class Agent:
     def apply_plan(self, hp: HostPlan) -> None:
         check_host_plan(hp, self.host_id)
         changed = self.table.apply(plan_decisions(hp), hp.generation)
-        self.plans_applied += 1
         self.probing.plan_changed(hp)
         self.measurement.plan_changed(hp)
         self.link.poke()  # tell the leader which generation the table holds

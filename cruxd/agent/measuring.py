@@ -104,7 +104,6 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
         self.window = CounterWindow([c.name for c in self.counters] or ["none"], cfg.rate_hz,
                                     2 * cfg.window_s)
         self.gpu: GpuBackend | None = None
-        self.gpu_error = ""
         self.inventory: list[GpuInfo] = []
         self.gpu_samples: deque[GpuSample] = deque(
             maxlen=max(2, math.ceil(2 * cfg.window_s / cfg.gpu_interval_s)))
@@ -157,7 +156,6 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
         try:
             return open_backend(c.gpu, c.gpu_file, c.peak_tflops)
         except (ValueError, NvmlUnavailable) as exc:
-            self.gpu_error = str(exc)
             LOG.warning("live measurement: %s; W_j stays unknown", exc)
             return None
 

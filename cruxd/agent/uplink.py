@@ -62,7 +62,6 @@ class LeaderLink:
         self.reachable = False
         self.last_error = "not connected yet"
         self.last_plan_mono: float | None = None
-        self.reports_sent = 0
         self.rpc_errors = 0
 
     async def start(self) -> None:
@@ -105,7 +104,6 @@ class LeaderLink:
                                  report.applied_generation, self._seq)
             try:
                 await self._stub.Report(convert.report_to_pb(report), timeout=RPC_TIMEOUT_S)
-                self.reports_sent += 1
                 if not self.reachable:
                     LOG.info("leader %s reachable", self.address)
                 self.reachable, self.last_error = True, ""

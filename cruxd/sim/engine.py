@@ -70,6 +70,27 @@ class WindowResult:
         return out
 
 
+@dataclass
+class _Window:
+    """What one `Engine.run` advances: per-job arrays (the `JobState` fields, and
+    what the window has measured so far) and how far it has got."""
+
+    start: np.ndarray
+    comm_at: np.ndarray
+    remaining: np.ndarray
+    comm_done: np.ndarray
+    begin: np.ndarray
+    busy: np.ndarray  # GPU-seconds of compute booked inside the window
+    iters: np.ndarray
+    first_end: np.ndarray
+    last_end: np.ndarray
+    link_bytes: np.ndarray
+    now: float
+    t1: float  # the window's end (pulled in when a job reaches its budget)
+    speed: np.ndarray  # collectives per second of each job sending
+    sending: np.ndarray | None = None  # who was sending when `speed` was set
+
+
 class Engine:
     """One set of jobs with fixed paths and levels.
 
@@ -102,6 +123,29 @@ class Engine:
         return rate
 
     def run(self, states: list[JobState], t0: float, t1: float) -> WindowResult:
+        """Advance `states` from t0 to t1, or to the end of the iteration in which a
+        job reaches its budget, and report what the jobs did.
+
+        Steps: load the states into per-job arrays (`_open`); then, event by event,
+        1. share the bandwidth among the collectives sending now (`_share_bandwidth`),
+        2. find the next event and move time to it, sending bytes (`_step`),
+        3. start the latency tail of collectives whose last byte is out
+           (`_start_latency`),
+        4. end the iterations that are complete, stopping at a budget (`_end_iterations`);
+        finally write the arrays back into `states` (`_save`) and report (`_report`).
+        """
+        w = self._open(states, t0, t1)
+        while w.now < w.t1 - _EPS:
+            sending = (w.comm_at <= w.now + _EPS) & (w.remaining > _EPS)
+            self._share_bandwidth(w, sending)
+            self._step(w, sending)
+            self._start_latency(w, sending)
+            if self._end_iterations(w):
+                break
+        _save(w, states)
+        return _report(w, t0, self.budget)
+
+    def _open(self, states: list[JobState], t0: float, t1: float) -> _Window:
         n = len(states)
         start = np.array([s.start for s in states])
         comm_at = np.array([s.comm_at for s in states])
@@ -112,79 +156,94 @@ class Engine:
         remaining[~self.networked] = 0.0
         comm_done = np.where(~self.networked & ~np.isfinite(comm_done), comm_at, comm_done)
         busy = self.gpus * _overlap(start, start + self.compute_s, np.maximum(t0, begin), t1)
-        iters = np.zeros(n)
-        first_end = np.full(n, np.nan)
-        last_end = np.full(n, np.nan)
-        link_bytes = np.zeros(self.m_bytes.shape[1])
-        now = t0
-        sending_prev: np.ndarray | None = None
-        speed = np.zeros(n)
-        while now < t1 - _EPS:
-            sending = (comm_at <= now + _EPS) & (remaining > _EPS)
-            if sending_prev is None or not np.array_equal(sending, sending_prev):
-                speed = np.zeros(n)
-                idx = np.flatnonzero(sending)
-                if len(idx):
-                    rho = allocate(self.weights[idx], self.capacity, self.level[idx])
-                    speed[idx] = rho / self.mean_flow[idx]  # collectives per second
-                sending_prev = sending
-            nxt = np.full(n, np.inf)
-            waiting = (comm_at > now + _EPS) & (remaining > _EPS)
-            nxt[waiting] = comm_at[waiting]
-            moving = sending & (speed > 0)
-            nxt[moving] = now + remaining[moving] / speed[moving]
-            done_bytes = remaining <= _EPS
-            tail = done_bytes & (comm_done > now + _EPS)
-            nxt[tail] = comm_done[tail]
-            ends = done_bytes & ~tail
-            nxt[ends] = np.maximum(start[ends] + self.compute_s[ends], comm_done[ends])
-            t = max(now, min(float(nxt.min()), t1))
-            dt = t - now
-            if dt <= 0:
-                # a transfer whose last bytes would take less than the float spacing
-                # at `now`: it is done, or the loop would not advance
-                remaining[moving & (nxt <= now)] = 0.0
-            if dt > 0 and moving.any():
-                sent = np.minimum(speed[moving] * dt, remaining[moving])
-                remaining[moving] -= sent
-                link_bytes += sent @ self.m_bytes[moving]
-            now = t
-            # bytes finished: the latency tail starts
-            fin = sending & (remaining <= _EPS) & ~np.isfinite(comm_done)
-            remaining[fin] = 0.0
-            comm_done[fin] = now + self.alpha[fin]
-            # iterations that end now
-            over = (remaining <= _EPS) & (comm_done <= now + _EPS) & (
-                start + self.compute_s <= now + _EPS)
-            if over.any():
-                iters[over] += 1
-                first_end[over & np.isnan(first_end)] = now
-                last_end[over] = now
-                start[over] = now
-                comm_at[over] = now + (1.0 - self.overlap[over]) * self.compute_s[over]
-                remaining[over] = np.where(self.networked[over], 1.0, 0.0)
-                comm_done[over] = np.where(self.networked[over], np.inf, comm_at[over])
-                busy[over] += self.gpus[over] * _overlap(
-                    start[over], start[over] + self.compute_s[over], now, t1)
-                if (over & (iters >= self.budget)).any():
-                    # a job used up its work: the window stops here (the caller
-                    # re-plans); compute booked past `now` belongs to later windows
-                    busy -= self.gpus * _overlap(start, start + self.compute_s,
-                                                 np.maximum(now, begin), t1)
-                    t1 = now
-                    break
-        for i, s in enumerate(states):
-            s.start, s.comm_at, s.remaining = float(start[i]), float(comm_at[i]), float(
-                remaining[i])
-            s.comm_done = float(comm_done[i])
-            s.iterations += float(iters[i])
-        finished = iters >= self.budget
-        # within _EPS of the window's end counts as its end: reporting the instant
-        # just before would leave the caller a sliver of window that never advances
-        end = t1 if now >= t1 - _EPS else now
-        return WindowResult(start=t0, end=end, busy=busy, iterations=iters,
-                            finished=finished, link_bytes=link_bytes, first_end=first_end,
-                            last_end=last_end)
+        return _Window(start=start, comm_at=comm_at, remaining=remaining, comm_done=comm_done,
+                       begin=begin, busy=busy, iters=np.zeros(n),
+                       first_end=np.full(n, np.nan), last_end=np.full(n, np.nan),
+                       link_bytes=np.zeros(self.m_bytes.shape[1]), now=t0, t1=t1,
+                       speed=np.zeros(n))
+
+    def _share_bandwidth(self, w: _Window, sending: np.ndarray) -> None:
+        """Rates change only when the set of collectives sending does."""
+        if w.sending is not None and np.array_equal(sending, w.sending):
+            return
+        w.speed = np.zeros(len(sending))
+        idx = np.flatnonzero(sending)
+        if len(idx):
+            rho = allocate(self.weights[idx], self.capacity, self.level[idx])
+            w.speed[idx] = rho / self.mean_flow[idx]  # collectives per second
+        w.sending = sending
+
+    def _step(self, w: _Window, sending: np.ndarray) -> None:
+        """Move `now` to the next event (or the window's end), sending bytes meanwhile."""
+        nxt = np.full(len(sending), np.inf)
+        waiting = (w.comm_at > w.now + _EPS) & (w.remaining > _EPS)
+        nxt[waiting] = w.comm_at[waiting]
+        moving = sending & (w.speed > 0)
+        nxt[moving] = w.now + w.remaining[moving] / w.speed[moving]
+        done_bytes = w.remaining <= _EPS
+        tail = done_bytes & (w.comm_done > w.now + _EPS)
+        nxt[tail] = w.comm_done[tail]
+        ends = done_bytes & ~tail
+        nxt[ends] = np.maximum(w.start[ends] + self.compute_s[ends], w.comm_done[ends])
+        t = max(w.now, min(float(nxt.min()), w.t1))
+        dt = t - w.now
+        if dt <= 0:
+            # a transfer whose last bytes would take less than the float spacing
+            # at `now`: it is done, or the loop would not advance
+            w.remaining[moving & (nxt <= w.now)] = 0.0
+        if dt > 0 and moving.any():
+            sent = np.minimum(w.speed[moving] * dt, w.remaining[moving])
+            w.remaining[moving] -= sent
+            w.link_bytes += sent @ self.m_bytes[moving]
+        w.now = t
+
+    def _start_latency(self, w: _Window, sending: np.ndarray) -> None:
+        """Bytes finished: the collective completes after its path latency."""
+        fin = sending & (w.remaining <= _EPS) & ~np.isfinite(w.comm_done)
+        w.remaining[fin] = 0.0
+        w.comm_done[fin] = w.now + self.alpha[fin]
+
+    def _end_iterations(self, w: _Window) -> bool:
+        """Book the iterations that end now and start the next ones; True when a job
+        used up its work, which stops the window here (the caller re-plans)."""
+        over = (w.remaining <= _EPS) & (w.comm_done <= w.now + _EPS) & (
+            w.start + self.compute_s <= w.now + _EPS)
+        if not over.any():
+            return False
+        w.iters[over] += 1
+        w.first_end[over & np.isnan(w.first_end)] = w.now
+        w.last_end[over] = w.now
+        w.start[over] = w.now
+        w.comm_at[over] = w.now + (1.0 - self.overlap[over]) * self.compute_s[over]
+        w.remaining[over] = np.where(self.networked[over], 1.0, 0.0)
+        w.comm_done[over] = np.where(self.networked[over], np.inf, w.comm_at[over])
+        w.busy[over] += self.gpus[over] * _overlap(
+            w.start[over], w.start[over] + self.compute_s[over], w.now, w.t1)
+        if not (over & (w.iters >= self.budget)).any():
+            return False
+        # compute booked past `now` belongs to later windows
+        w.busy -= self.gpus * _overlap(w.start, w.start + self.compute_s,
+                                       np.maximum(w.now, w.begin), w.t1)
+        w.t1 = w.now
+        return True
+
+
+def _save(w: _Window, states: list[JobState]) -> None:
+    for i, s in enumerate(states):
+        s.start, s.comm_at, s.remaining = float(w.start[i]), float(w.comm_at[i]), float(
+            w.remaining[i])
+        s.comm_done = float(w.comm_done[i])
+        s.iterations += float(w.iters[i])
+
+
+def _report(w: _Window, t0: float, budget: np.ndarray) -> WindowResult:
+    finished = w.iters >= budget
+    # within _EPS of the window's end counts as its end: reporting the instant
+    # just before would leave the caller a sliver of window that never advances
+    end = w.t1 if w.now >= w.t1 - _EPS else w.now
+    return WindowResult(start=t0, end=end, busy=w.busy, iterations=w.iters,
+                        finished=finished, link_bytes=w.link_bytes, first_end=w.first_end,
+                        last_end=w.last_end)
 
 
 def _overlap(a0: np.ndarray, a1: np.ndarray, b0: np.ndarray | float, b1: float) -> np.ndarray:
