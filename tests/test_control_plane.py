@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemons import Daemon, crux_run, free_port, status, wait_for
+from cruxd.testing import Daemon, crux_run, free_port, status, wait_for
 from transport.decision_table import Decision, TableReader
 
 pytestmark = pytest.mark.slow

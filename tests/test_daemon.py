@@ -23,7 +23,7 @@ from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
 from cruxd.rpc.local import LocalClient
-from tests.daemons import BIN, Daemon, crux_run, status, wait_for
+from cruxd.testing import BIN, Daemon, crux_run, status, wait_for
 from transport.decision_table import TableReader
 
 pytestmark = pytest.mark.slow

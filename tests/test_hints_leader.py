@@ -18,8 +18,8 @@ from cruxd.hints.collect import level_loads
 from cruxd.hints.fabric_view import build_view
 from cruxd.hints.formats import FORMATS, render
 from cruxd.model.plan import FlowDecision, JobDecision, Plan
+from cruxd.testing import Daemon, crux_run, cruxctl, free_port, wait_for
 from cruxd.topo.builders import clos2
-from tests.daemons import Daemon, crux_run, cruxctl, free_port, wait_for
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "docs" / "hints"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.daemons import Daemon, crux_run, cruxctl, running, status, wait_for
+from cruxd.testing import Daemon, crux_run, cruxctl, running, status, wait_for
 from tests.rig.fabric import MAX_SPINES, Fabric, can_build
 from tests.test_hints_volcano_slurm import parse_topology_conf
 from tests.test_probing_agents import agent_config, routes_by_job

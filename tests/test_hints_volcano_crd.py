@@ -25,8 +25,8 @@ from cruxd.hints import volcano
 from cruxd.hints.fabric_view import FabricView, build_view
 from cruxd.hints.formats import render
 from cruxd.model.topology import Topology, TopologyBuilder
+from cruxd.testing import BIN
 from cruxd.topo.builders import clos2, double_sided, testbed96
-from tests.daemons import BIN
 
 CRD = Path(__file__).resolve().parent.parent / "docs/hints/vendor/volcano-hypernodes-crd.yaml"
 SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

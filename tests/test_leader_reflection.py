@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from cruxd.config.parse import parse_config
-from tests.daemons import Daemon
+from cruxd.testing import Daemon
 
 pytestmark = pytest.mark.slow
 

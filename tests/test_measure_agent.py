@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemons import BIN, Daemon, cruxctl, running, status, wait_for
+from cruxd.testing import BIN, Daemon, cruxctl, running, status, wait_for
 from tests.rig.fabric import Fabric, can_build
 
 pytestmark = [pytest.mark.root, pytest.mark.slow,

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from cruxd.daemon.exporter import Metrics
-from tests.daemons import Daemon, crux_run, wait_for
+from cruxd.testing import Daemon, crux_run, wait_for
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(

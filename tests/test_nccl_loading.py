@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from cruxd.testing import BIN, Daemon, running
 from tests.cbuild import build
-from tests.daemons import BIN, Daemon, running
 from transport import native
 
 LOADERS = (229, 230)

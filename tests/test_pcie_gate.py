@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from cruxd.testing import wait_for
 from tests.cbuild import build
-from tests.daemons import wait_for
 from tests.test_pcie_links import GATE_SOURCES
 from transport.pcie import PcieLocks
 from transport.pcie_links import DeviceLink, LinkMap, write_map

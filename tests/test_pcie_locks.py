@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.daemons import wait_for
+from cruxd.testing import wait_for
 from transport.pcie import (
     LEVELS,
     QUEUE_LEN,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemons import Daemon, crux_run, running, status, wait_for
+from cruxd.testing import Daemon, crux_run, running, status, wait_for
 from tests.rig.fabric import Fabric, can_build
 from tests.rig.probe import spine_of
 from tests.rig.traffic import Flow, run_flows

@@ -22,7 +22,7 @@ from rich.console import Console
 from cruxd.agent.dataplane import DataPlane
 from cruxd.cli.status_view import print_status
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
-from tests.daemons import Daemon, crux_run, cruxctl, status, wait_for
+from cruxd.testing import Daemon, crux_run, cruxctl, status, wait_for
 from transport import native
 from transport.decision_table import (
     Decision,

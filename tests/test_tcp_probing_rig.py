@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.daemons import wait_for
+from cruxd.testing import wait_for
 from tests.rig.fabric import MAX_SPINES, Fabric, can_build
 from tests.rig.probe import spine_of
 from tests.rig.tcp import (

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemons import BIN, Daemon, crux_run, running, status, wait_for
+from cruxd.testing import BIN, Daemon, crux_run, running, status, wait_for
 from tests.rig.fabric import Fabric, can_build
 from tests.rig.probe import spine_of
 from tests.rig.tcp import can_listen, iperf3_servers, tcp_sweep_from

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import Daemon, free_port, status
+from cruxd.testing import Daemon, free_port, status
 from tests.tls_certs import CA
 
 pytestmark = pytest.mark.slow
