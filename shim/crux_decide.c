@@ -3,6 +3,10 @@
  * See crux_shim.h. Everything here runs inside the job's ibv_modify_qp, so it does no I/O and
  * allocates nothing; every failure is an outcome code and the connect goes ahead unchanged.
  */
+/* sigaction flags for crux_busguard.h (through crux_table.h) */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include "crux_shim.h"
 
 #include <stdatomic.h>

@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "crux_busguard.h"
+
 #define CRUX_TABLE_MAGIC 0x314C425458555243ULL /* "CRUXTBL1" read as a little-endian u64 */
 #define CRUX_TABLE_VERSION 1
 #define CRUX_TABLE_DEFAULT_PATH "/run/crux/decisions"
@@ -136,14 +138,42 @@ static inline uint64_t crux__load64(const void *p, memory_order mo)
 
 /* Header fields the writer changes after creation; the rest are fixed once the file is in
  * place. `generation` uses acquire so entries read after it are at least that new. */
-static inline uint64_t crux_table_generation(const struct crux_table_header *h)
+static inline uint64_t crux__table_generation(const struct crux_table_header *h)
 {
     return crux__load64(&h->generation, memory_order_acquire);
 }
 
-static inline int crux_table_retired(const struct crux_table_header *h)
+static inline int crux__table_retired(const struct crux_table_header *h)
 {
     return (crux__load32(&h->flags, memory_order_relaxed) & CRUX_TABLE_RETIRED) != 0;
+}
+
+/* Every reader entry point below reads the mapping under CRUX_BUS_GUARDED: a file shrunk
+ * while mapped reads as unusable (a table of generation 0, retired, invalid, no entry), never
+ * as a crash. */
+struct crux__header_read {
+    const struct crux_table_header *h;
+    uint64_t generation;
+    int retired;
+};
+
+static void crux__header_read(void *ctx)
+{
+    struct crux__header_read *c = ctx;
+    c->generation = crux__table_generation(c->h);
+    c->retired = crux__table_retired(c->h);
+}
+
+static inline uint64_t crux_table_generation(const struct crux_table_header *h)
+{
+    struct crux__header_read c = {h, 0, 1};
+    return crux__bus_call(crux__header_read, &c) == 0 ? c.generation : 0;
+}
+
+static inline int crux_table_retired(const struct crux_table_header *h)
+{
+    struct crux__header_read c = {h, 0, 1};
+    return crux__bus_call(crux__header_read, &c) == 0 ? c.retired : 1;
 }
 
 static inline const struct crux_table_entry *crux_table_entries(const void *base)
@@ -151,8 +181,7 @@ static inline const struct crux_table_entry *crux_table_entries(const void *base
     return (const struct crux_table_entry *)((const char *)base + CRUX_TABLE_HEADER_SIZE);
 }
 
-/* 0 if `base` (a mapping of `len` bytes) holds a table this header understands, else -1. */
-static inline int crux_table_validate(const void *base, size_t len)
+static inline int crux__table_validate(const void *base, size_t len)
 {
     const struct crux_table_header *h = (const struct crux_table_header *)base;
     if (base == NULL || len < CRUX_TABLE_HEADER_SIZE)
@@ -164,6 +193,25 @@ static inline int crux_table_validate(const void *base, size_t len)
     if ((len - CRUX_TABLE_HEADER_SIZE) / CRUX_TABLE_ENTRY_SIZE < h->capacity)
         return -1;
     return 0;
+}
+
+/* 0 if `base` (a mapping of `len` bytes) holds a table this header understands, else -1. */
+struct crux__validate {
+    const void *base;
+    size_t len;
+    int rc;
+};
+
+static void crux__validate_fn(void *ctx)
+{
+    struct crux__validate *c = ctx;
+    c->rc = crux__table_validate(c->base, c->len);
+}
+
+static inline int crux_table_validate(const void *base, size_t len)
+{
+    struct crux__validate c = {base, len, -1};
+    return crux__bus_call(crux__validate_fn, &c) == 0 ? c.rc : -1;
 }
 
 /* Seqlock read of one entry into *out. 0 on a consistent copy, -1 if the writer kept the
@@ -193,14 +241,14 @@ static inline int crux_table_read_entry(const struct crux_table_entry *e,
 /* One pass over the table for (job_id, peer): 0 and *out filled for the per-peer entry; with
  * `or_job_wide`, 1 and *out filled for the job's job-wide entry when there is no per-peer one;
  * -1 otherwise (not found, invalid table, bad job id, or entries that stayed torn). */
-static inline int crux__table_find(const void *base, size_t len, const char *job_id,
-                                   const uint8_t peer[16], int or_job_wide,
-                                   struct crux_table_entry *out)
+static inline int crux__table_find_raw(const void *base, size_t len, const char *job_id,
+                                       const uint8_t peer[16], int or_job_wide,
+                                       struct crux_table_entry *out)
 {
     static const uint8_t zero_peer[16];
     char want[CRUX_JOB_ID_LEN] = {0};
     size_t n;
-    if (job_id == NULL || crux_table_validate(base, len) != 0)
+    if (job_id == NULL || crux__table_validate(base, len) != 0)
         return -1;
     n = strlen(job_id);
     if (n == 0 || n >= CRUX_JOB_ID_LEN)
@@ -252,6 +300,33 @@ static inline int crux__table_find(const void *base, size_t len, const char *job
         }
     }
     return found;
+}
+
+struct crux__find {
+    const void *base;
+    size_t len;
+    const char *job_id;
+    const uint8_t *peer;
+    int or_job_wide;
+    int rc;
+    struct crux_table_entry e;
+};
+
+static void crux__find_fn(void *ctx)
+{
+    struct crux__find *c = ctx;
+    c->rc = crux__table_find_raw(c->base, c->len, c->job_id, c->peer, c->or_job_wide, &c->e);
+}
+
+static inline int crux__table_find(const void *base, size_t len, const char *job_id,
+                                   const uint8_t peer[16], int or_job_wide,
+                                   struct crux_table_entry *out)
+{
+    struct crux__find c = {base, len, job_id, peer, or_job_wide, -1, {0}};
+    if (crux__bus_call(crux__find_fn, &c) != 0 || c.rc < 0)
+        return -1;
+    *out = c.e; /* only from a read that finished */
+    return c.rc;
 }
 
 /* Find the live entry for (job_id, peer). peer is 16 bytes (IPv6 or IPv4-mapped), or NULL for

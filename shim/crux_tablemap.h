@@ -6,6 +6,10 @@
  * A retired table (the agent replaced the file by rename) is reopened at once; a missing or
  * unusable one is looked for again at most once a second, so a job without an agent pays one
  * failed open() a second at most. An empty file maps as a bad table, not a missing one.
+ *
+ * A file shrunk in place (truncate, a full disk, a hostile writer) would fault every load past
+ * its new end: each refresh fstat()s the open file and drops a mapping the file no longer
+ * covers, and the reads themselves are guarded (crux_busguard.h) for a shrink in between.
  */
 #ifndef CRUX_TABLEMAP_H
 #define CRUX_TABLEMAP_H
@@ -25,6 +29,7 @@
 struct crux_tablemap {
     const void *table;     /* read-only mapping, NULL when none */
     size_t len;
+    int fd1;               /* the mapped file's fd + 1, kept to fstat it; 0 (zeroed) none */
     int missing;           /* 1: no file at all (NO_TABLE), 0: a file, maybe bad */
     uint64_t next_open_ns; /* earliest time to look for the table again */
 };
@@ -35,6 +40,17 @@ static inline void crux__tablemap_close(struct crux_tablemap *m)
         munmap((void *)m->table, m->len);
     m->table = NULL;
     m->len = 0;
+    if (m->fd1 > 0)
+        close(m->fd1 - 1);
+    m->fd1 = 0;
+}
+
+/* 1 while the file still covers the whole mapping. */
+static inline int crux__tablemap_covered(const struct crux_tablemap *m)
+{
+    struct stat sb;
+    return m->fd1 > 0 && fstat(m->fd1 - 1, &sb) == 0 && sb.st_size >= 0 &&
+           (size_t)sb.st_size >= m->len;
 }
 
 static inline void crux__tablemap_open(struct crux_tablemap *m, const char *path)
@@ -53,6 +69,8 @@ static inline void crux__tablemap_open(struct crux_tablemap *m, const char *path
             if (p != MAP_FAILED) {
                 m->table = p;
                 m->len = (size_t)sb.st_size;
+                m->fd1 = fd + 1;
+                return;
             }
         }
     }
@@ -63,7 +81,8 @@ static inline void crux__tablemap_open(struct crux_tablemap *m, const char *path
  * must go, else 0. */
 static inline int crux_tablemap_refresh(struct crux_tablemap *m, const char *path)
 {
-    int usable = m->table != NULL && crux_table_validate(m->table, m->len) == 0;
+    int usable = m->table != NULL && m->len > 0 && crux__tablemap_covered(m) &&
+                 crux_table_validate(m->table, m->len) == 0;
     if (usable && !crux_table_retired(m->table))
         return 0;
     struct timespec ts;

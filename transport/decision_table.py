@@ -23,8 +23,6 @@ from transport.table_format import (
     MAGIC,
     READ_TRIES,
     RETIRED,
-    U32_FLAGS,
-    U32_USED,
     VERSION,
     Decision,
     MappedTable,
@@ -70,14 +68,50 @@ class TableReader(MappedTable):
     def __enter__(self) -> TableReader:
         return self
 
+    def _check(self) -> TableHeader | None:
+        """The header as the file holds it now, read with pread (a truncated file cannot
+        fault it), or None when the file no longer covers the mapping or the header no longer
+        describes it: then no entry is touched. Checked on every read: the mapping faults
+        (SIGBUS, which Python cannot catch) on pages past a shrunk file's end. A truncation
+        between this check and the copy can still fault: tools and tests accept that race;
+        the shim guards its copy (crux_busguard.h)."""
+        self.mm  # noqa: B018  (raises if closed)
+        raw = os.pread(self._fd, HEADER_SIZE, 0)
+        if len(raw) < HEADER_SIZE or os.fstat(self._fd).st_size < len(self.mm):
+            return None
+        try:
+            now = unpack_header(raw)
+        except ValueError:
+            return None
+        if now.problem(self.path, len(self.mm)) is not None or now.capacity != self.capacity:
+            return None
+        return now
+
+    def header(self) -> TableHeader:
+        now = self._check()
+        if now is None:
+            raise TableError(f"{self.path}: decision table truncated or overwritten while open")
+        return now
+
+    @property
+    def generation(self) -> int:
+        return self.header().generation
+
     @property
     def retired(self) -> bool:
-        """The writer replaced this file: close and open the path again."""
-        self.mm  # noqa: B018  (raises if closed)
-        return bool(self._u32[U32_FLAGS] & RETIRED)
+        """The writer replaced this file (or it was damaged in place): close and open the
+        path again."""
+        now = self._check()
+        return now is None or bool(now.flags & RETIRED)
 
     def read_slot(self, slot: int) -> Decision | None:
-        """Seqlock read of one slot; None if free, garbage or persistently torn."""
+        """Seqlock read of one slot; None if free, garbage, persistently torn, out of range
+        or the table is damaged."""
+        if not 0 <= slot < self.capacity or self._check() is None:
+            return None
+        return self._read_slot(slot)
+
+    def _read_slot(self, slot: int) -> Decision | None:
         off, mm, seq = HEADER_SIZE + slot * ENTRY_SIZE, self.mm, self._u32
         for _ in range(READ_TRIES):
             s1 = seq[off // 4]
@@ -92,8 +126,11 @@ class TableReader(MappedTable):
         return None
 
     def _live(self) -> Iterator[Decision]:
-        used = min(int(self._u32[U32_USED]), self.capacity)
-        return (d for d in map(self.read_slot, range(used)) if d is not None)
+        now = self._check()
+        if now is None:
+            return iter(())  # fail open: a damaged table holds no decisions
+        used = min(now.used, self.capacity)
+        return (d for d in map(self._read_slot, range(used)) if d is not None)
 
     def lookup(self, job_id: str, peer: str | None = None) -> Decision | None:
         key = (job_id, None if peer is None else str(peer_address(peer)))

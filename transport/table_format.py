@@ -60,7 +60,7 @@ _ENTRY = _layout(_ENTRY_FIELDS, ENTRY_SIZE)
 HEADER_OFFSETS = {name: off for name, off, _ in _HEADER_FIELDS}
 U64_GENERATION, U64_PLAN, U64_UPDATED = (
     HEADER_OFFSETS[f] // 8 for f in ("generation", "plan_generation", "updated_ns"))
-U32_PID, U32_FLAGS, U32_USED = (HEADER_OFFSETS[f] // 4 for f in ("writer_pid", "flags", "used"))
+U32_PID, U32_USED = (HEADER_OFFSETS[f] // 4 for f in ("writer_pid", "used"))
 
 
 class TableError(Exception):

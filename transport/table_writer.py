@@ -81,14 +81,28 @@ def _create(path: Path, capacity: int, mode: int) -> int:
         os.fchmod(fd, mode)  # exact mode, whatever the umask
         _lock(fd, tmp)
         os.ftruncate(fd, HEADER_SIZE + capacity * ENTRY_SIZE)  # zeros: every slot free
+        _reserve(fd, path, capacity)
         header = TableHeader(capacity, updated_ns=time.time_ns(), writer_pid=os.getpid())
         os.pwrite(fd, pack_header(header), 0)
         os.replace(tmp, path)
-    except OSError as e:
+    except (OSError, TableError) as e:
         os.close(fd)
         tmp.unlink(missing_ok=True)
+        if isinstance(e, TableError):
+            raise
         raise TableError(f"{path}: cannot create decision table: {e}") from None
     return fd
+
+
+def _reserve(fd: int, path: Path, capacity: int) -> None:
+    """Allocate every block of the table now: a sparse file on a filesystem that fills up
+    kills its writer (and every reader) with SIGBUS at the first store into a hole."""
+    size = HEADER_SIZE + capacity * ENTRY_SIZE
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        raise TableError(f"{path}: cannot allocate the {size}-byte decision table (capacity "
+                         f"{capacity}): {e.strerror}") from None
 
 
 class TableWriter(MappedTable):
@@ -132,9 +146,13 @@ class TableWriter(MappedTable):
             if _fits(old, p, capacity):
                 try:
                     os.fchmod(old, mode)
+                    _reserve(old, p, capacity)  # one an older writer left sparse
                 except OSError as e:
                     os.close(old)
                     raise TableError(f"{p}: cannot set mode {mode:o}: {e.strerror}") from None
+                except TableError:
+                    os.close(old)
+                    raise
                 return cls(p, old, capacity)
         try:
             fd = _create(p, capacity, mode)

@@ -4,6 +4,11 @@ leader resumes the same plan (same generation) instead of starting over.
 Written by temp file + fsync + rename, so a crash leaves the old file or the new
 one, never half of one. A file that does not decode is moved aside (kept for
 people to inspect) and the leader starts empty; it never half-loads.
+
+The file is input like any other (a full disk, an editor, an attacker with the
+state dir): its size is bounded before it is read, its nesting before it is
+parsed, and every integer must fit the uint64 the wire carries it in, so a bad
+file is refused at start rather than failing every later RPC.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +24,14 @@ from cruxd.config.statefile import write_atomic
 from cruxd.control.cluster import AgentRecord, ClusterState, JobRecord
 from cruxd.control.codec import from_dict, to_dict
 from cruxd.control.host_plans import PublishedPlan
+from cruxd.errors import UsageError
+from cruxd.rpc import convert
 
 LOG = logging.getLogger(__name__)
 FORMAT = "crux-leader-state/1"
+MAX_BYTES = 256 << 20  # far above a large cluster's view; bounds what a bad file costs
+MAX_DEPTH = 64  # the records nest about 8 deep
+MAX_GENERATION = 1 << 63  # uint64 on the wire, with room to count on for ever
 __all__ = ["load", "snapshot", "write_atomic"]
 
 
@@ -37,26 +48,74 @@ def load(path: Path, state: ClusterState, now: float) -> PublishedPlan | None:
     """Fill `state` from the file; agents count as just heard from (they get a full
     agent timeout to report again before their jobs expire)."""
     try:
-        doc = json.loads(path.read_text())
+        text = _read_bounded(path)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         _set_aside(path, str(exc))
         return None
     try:
+        doc = json.loads(text)
+        _check_tree(doc)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} file")
         agents = {h: from_dict(AgentRecord, r, f"$.agents.{h}")
                   for h, r in doc["agents"].items()}
         jobs = {j: from_dict(JobRecord, r, f"$.jobs.{j}") for j, r in doc["jobs"].items()}
         plan = from_dict(PublishedPlan, doc["plan"], "$.plan") if doc["plan"] else None
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        _set_aside(path, str(exc))
+        for h, rec in agents.items():  # uint64 in Status
+            if not 0 <= rec.applied_generation < 1 << 64:
+                raise ValueError(f"$.agents.{h}.applied_generation: out of range")
+        if plan is not None and not 0 <= plan.generation < MAX_GENERATION:
+            raise ValueError(f"$.plan.generation: {plan.generation} leaves no room for the "
+                             "next plan's")
+        if plan is not None:  # what WatchPlan will send must encode
+            for host in {h for a in plan.jobs for h in a.hosts} or {"-"}:
+                convert.host_plan_to_pb(plan.for_host(host))
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+        _set_aside(path, str(exc) or type(exc).__name__)
         return None
     for rec in agents.values():
         rec.last_report = now
     state.agents, state.jobs = agents, jobs
     return plan
+
+
+def _read_bounded(path: Path) -> str:
+    """The file's text; a directory, device or FIFO is a configuration error (nothing to
+    set aside), a file over MAX_BYTES a damaged one."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{path} is not a regular file", where="leader.state_file")
+        if st.st_size > MAX_BYTES:
+            raise ValueError(f"{st.st_size} bytes, over the {MAX_BYTES}-byte limit")
+        # read what fstat saw (plus one byte to notice growth), not MAX_BYTES: read(n)
+        # allocates n up front; the file is replaced by rename, never rewritten in place
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(min(st.st_size, MAX_BYTES) + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"over the {MAX_BYTES}-byte limit")
+    return data.decode()
+
+
+def _check_tree(doc: Any) -> None:
+    """Depth and integer range over the whole document, without recursion."""
+    todo: list[tuple[Any, int]] = [(doc, 0)]
+    while todo:
+        node, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(f"nested over {MAX_DEPTH} levels")
+        if isinstance(node, dict):
+            todo.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            todo.extend((v, depth + 1) for v in node)
+        elif isinstance(node, int) and not isinstance(node, bool) and not (
+                -(1 << 63) <= node < (1 << 64)):
+            raise ValueError(f"integer {node} out of the 64-bit range")
 
 
 def _set_aside(path: Path, why: str) -> None:

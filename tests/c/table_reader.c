@@ -3,7 +3,7 @@
  *   table_reader PATH [JOB PEER]...    PEER is IPv4/IPv6 text, or "-" for the job-wide entry
  *
  * Exit 0; 3 if the table is invalid (lookups still run and must all miss: fail open). */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <inttypes.h>

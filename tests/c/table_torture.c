@@ -7,7 +7,7 @@
  * A read that mixes two writes breaks it. Prints the counts; exits 1 on the first torn read.
  *
  *   table_torture PATH SECONDS */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>

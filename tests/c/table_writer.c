@@ -4,7 +4,7 @@
  *
  * PEER is IPv4/IPv6 text or "-" (job-wide). Entries go to slots 0, 1, ... in argument order,
  * each written once with crux_table_write_entry; generation ends at 1. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <stdio.h>
