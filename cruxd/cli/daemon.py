@@ -1,7 +1,8 @@
 """cruxd: the host daemon (agent and/or leader).
 
-Exit status: 0 stopped cleanly; 1 runtime failure (cannot listen, cannot open the
-decision table, ...); 2 bad configuration or usage (one line on stderr).
+Exit status: 0 stopped cleanly; 1 runtime failure that is not the configuration's; 2 bad
+configuration or usage, including what the host refuses of it (a port in use, a directory
+that cannot be created, a socket path too long): one line on stderr naming the key.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> int:
         config = load_config(args.config)
         if args.check_config:
+            from cruxd.config.parse import ConfigError
+            from cruxd.rpc.tls import check_files
+
+            try:  # the files' contents too: they are part of the configuration
+                check_files(config.tls)
+            except UsageError as exc:
+                raise ConfigError(config.source, exc.where, exc.why) from None
             _print_config(config)
             return 0
         setup_logging(config.log_level)

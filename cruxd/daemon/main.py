@@ -12,6 +12,7 @@ import contextlib
 import faulthandler
 import gc
 import logging
+import os
 import signal
 from collections.abc import Awaitable
 from pathlib import Path
@@ -28,7 +29,7 @@ from cruxd.config.parse import ConfigError, load_config, restart_required
 from cruxd.daemon.exporter import Metrics
 from cruxd.daemon.logs import setup_logging
 from cruxd.daemon.notify import Notifier, watchdog_loop
-from cruxd.errors import CruxError
+from cruxd.errors import UsageError
 
 if TYPE_CHECKING:  # imported when a role starts: an agent-only host never loads the leader
     from cruxd.agent.core import Agent
@@ -57,32 +58,65 @@ class Daemon:
         self.leader: Leader | None = None
         self.agent: Agent | None = None
 
+    def preflight(self) -> None:
+        """What the configuration names but the host refuses is the operator's to fix: one
+        line naming the key and exit 2, before anything starts (docs/configuration.md)."""
+        from cruxd.rpc import tls
+
+        c = self.config
+        self._directory(c.state_dir, 0o750, "daemon.state_dir")
+        self._directory(c.runtime_dir, 0o755, "daemon.runtime_dir")
+        try:
+            tls.check_files(c.tls)
+        except UsageError as exc:
+            raise self._refused(exc.where, exc.why) from None
+
     async def start(self) -> None:
         c = self.config
-        c.state_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-        c.runtime_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         leader_address = c.agent.leader
         if "leader" in c.roles:
             leader_address = await self._start_leader()
         if "agent" in c.roles:
-            from cruxd.agent.core import Agent
-
-            self.agent = Agent(c, leader_address)
-            await self.agent.start()
+            await self._start_agent(leader_address)
         self.metrics.leader, self.metrics.agent = self.leader, self.agent
-        self.metrics.serve(c.metrics.listen)
+        try:  # last: "metrics on" in the log tells tests and operators the roles are up
+            self.metrics.serve(c.metrics.listen)
+        except OSError as exc:
+            raise self._refused("metrics.listen",
+                                f"cannot listen on {c.metrics.listen}: {_cause(exc)}") from None
+
+    async def _start_agent(self, leader_address: str) -> None:
+        from cruxd.agent.core import Agent
+        from transport.decision_table import TableError
+
+        try:
+            self.agent = Agent(self.config, leader_address)
+        except TableError as exc:  # cannot create, foreign file, another writer holds it
+            raise self._refused("agent.decision_table", str(exc)) from None
+        await self.agent.start()
+
+    def _directory(self, path: Path, mode: int, key: str) -> None:
+        try:
+            path.mkdir(mode=mode, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._refused(key, f"cannot create {path}: {_cause(exc)}") from None
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise self._refused(key, f"{path} is not writable by uid {os.geteuid()}")
+
+    def _refused(self, key: str, why: str) -> ConfigError:
+        return ConfigError(self.config.source, key, why)
 
     async def _start_leader(self) -> str:
+        from cruxd.leader.handlers import add_leader
         from cruxd.leader.service import Leader, load_topology
         from cruxd.rpc import tls
-        from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc
 
         c = self.config
         self.leader = leader = Leader(c, load_topology(c.leader.topology),
                                       self.metrics.on_plan, self.metrics.on_reject)
         leader.restore()
         self.server = grpc.aio.server(options=tls.KEEPALIVE_SERVER)
-        leader_pb2_grpc.add_LeaderServicer_to_server(leader, self.server)  # type: ignore[no-untyped-call]
+        add_leader(leader, self.server, self.metrics.on_reject)
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if c.leader.reflection:
@@ -91,8 +125,9 @@ class Daemon:
         try:
             port = (self.server.add_secure_port(c.leader.listen, creds) if creds
                     else self.server.add_insecure_port(c.leader.listen))
-        except RuntimeError as exc:
-            raise CruxError(f"leader.listen: cannot listen on {c.leader.listen}: {exc}") from None
+        except RuntimeError:  # the TLS files were checked: binding itself failed
+            raise self._refused("leader.listen", f"cannot listen on {c.leader.listen} (in use, "
+                                "or not an address of this host)") from None
         await self.server.start()
         host, _ = parse_hostport(c.leader.listen)
         leader.address = format_hostport(host, port)
@@ -190,6 +225,10 @@ def _enable_reflection(server: grpc.aio.Server) -> None:
     LOG.info("gRPC reflection on: %s", ", ".join(names))
 
 
+def _cause(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
 async def _bounded(step: Awaitable[object], what: str, timeout: float = GRACE_S) -> None:
     try:
         await asyncio.wait_for(step, timeout)
@@ -204,6 +243,7 @@ async def serve(config: Config, path: Path | None, notifier: Notifier) -> int:
         loop.add_signal_handler(sig, daemon.stop_event.set)
     loop.add_signal_handler(signal.SIGHUP, daemon.reload_event.set)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks to stderr, for hangs
+    daemon.preflight()
     try:
         return await daemon.run()
     except BaseException:

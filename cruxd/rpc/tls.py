@@ -6,12 +6,13 @@ leader's certificate against the same CA. Files are read at start (and reload).
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import grpc
 
 from cruxd.config.model import TlsConfig
-from cruxd.errors import CruxError
+from cruxd.errors import CruxError, UsageError
 
 KEEPALIVE = [
     ("grpc.keepalive_time_ms", 20_000),
@@ -27,6 +28,35 @@ def _read(path: Path | None, what: str) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise CruxError(f"tls.{what}: cannot read {path}: {exc.strerror}") from None
+
+
+def check_files(tls: TlsConfig) -> None:
+    """Refuse files that are not what tls.ca, tls.cert and tls.key say, each by its key.
+
+    gRPC reads them only when the server binds or a channel connects, and then says "Failed
+    to bind" or nothing at all; OpenSSL, which Python has anyway, says which file is wrong.
+    """
+    if not tls.enabled:
+        return
+    assert tls.ca is not None and tls.cert is not None and tls.key is not None
+    for key, path in (("ca", tls.ca), ("cert", tls.cert)):
+        try:  # a trust store takes any certificate: this parses the file, nothing more
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+        except OSError as exc:
+            raise UsageError(_why(path, exc, "not a PEM certificate"), where=f"tls.{key}") from None
+    try:  # no password prompt on a terminal: an encrypted key is refused, as gRPC would
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(tls.cert, tls.key, lambda: b"")
+    except OSError as exc:
+        mismatch = "KEY_VALUES_MISMATCH" in str(exc)
+        raise UsageError(_why(tls.key, exc, "not the private key of tls.cert" if mismatch else
+                              "not a PEM private key (unencrypted) for tls.cert"),
+                         where="tls.key") from None
+
+
+def _why(path: Path, exc: OSError, what: str) -> str:
+    if isinstance(exc, ssl.SSLError) or not exc.strerror:
+        return f"{path} is {what}"
+    return f"cannot read {path}: {exc.strerror}"
 
 
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
