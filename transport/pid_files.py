@@ -3,8 +3,10 @@
 The job-side libraries each leave one file per process beside the decision table: the verbs
 shim `<pid>` (transport/qp_records.py), the socket interposer `sock-<pid>`
 (transport/sock_records.py). The directory is writable by every job, so the agent reads a
-name there without trusting it, checks the pid inside against the name, and removes the files
-of processes that are gone.
+name there without trusting it: a regular file no larger than its format allows, never
+followed or blocked on, whose pid inside matches its name and whose owner is that process's
+user (or root), so one user cannot plant records for another's processes. Files of processes
+that are gone are removed.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ import errno
 import os
 import stat
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-__all__ = ["pid_alive", "read_untrusted", "scan"]
+__all__ = ["MAX_FILES", "pid_alive", "process_uids", "read_untrusted", "scan"]
+
+# Names read per scan: every job may create files here, and a scan runs on the agent's loop.
+MAX_FILES = 16384
 
 
 class _HasPid(Protocol):
@@ -40,18 +46,37 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def read_untrusted(path: Path, limit: int) -> bytes:
-    """At most `limit` bytes of a file a job may have planted: a name may be a link (to
-    /dev/zero, say), a FIFO or a huge file. No links, regular files only, never blocking;
-    read(2), never mmap, which a job truncating its file would turn into SIGBUS here.
-    OSError otherwise."""
+def process_uids(pid: int, proc: str = "/proc") -> set[int] | None:
+    """The real, effective, saved and filesystem uids of `pid`; None if it is gone."""
+    try:
+        with open(f"{proc}/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return {int(u) for u in line.split()[1:]}
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def read_owned(path: Path, limit: int) -> tuple[bytes, int]:
+    """(at most the first `limit` bytes, the owner uid) of a file a job may have planted: a
+    name may be a link (to /dev/zero, say), a FIFO or a huge (sparse) file. No links,
+    regular files only, never blocking; the format's size at most (what lies beyond is not
+    the format's, and a newer writer may add it); read(2), never mmap, which a job truncating
+    its file would turn into SIGBUS here. OSError otherwise."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        return os.pread(fd, limit, 0)
+        return os.pread(fd, limit, 0), st.st_uid
     finally:
         os.close(fd)
+
+
+def read_untrusted(path: Path, limit: int) -> bytes:
+    """read_owned's bytes."""
+    return read_owned(path, limit)[0]
 
 
 def scan(root: str | os.PathLike[str], prefix: str, limit: int,
@@ -59,19 +84,23 @@ def scan(root: str | os.PathLike[str], prefix: str, limit: int,
     """(parsed files of live processes, problems) for the names `<prefix><pid>` in `root`.
     `parse` raises ValueError for bytes it does not understand. With prune, files of processes
     that are gone are removed (the agent's job); unreadable or foreign files are reported,
-    never removed."""
+    never removed. At most MAX_FILES names are read."""
     out: list[T] = []
     problems: list[str] = []
     try:
         # isascii: str.isdigit also takes "²", which int() refuses
-        names = sorted(p for p in Path(root).iterdir()
-                       if p.name.startswith(prefix) and p.name.isascii()
-                       and p.name[len(prefix):].isdigit())
+        names = sorted(islice((p for p in Path(root).iterdir()
+                               if p.name.startswith(prefix) and p.name.isascii()
+                               and p.name[len(prefix):].isdigit()), MAX_FILES + 1))
     except (FileNotFoundError, NotADirectoryError):
         return out, problems
+    if len(names) > MAX_FILES:
+        problems.append(f"{root}: more than {MAX_FILES} files; the rest are not read")
+        names = names[:MAX_FILES]
     for p in names:
         try:
-            rec = parse(read_untrusted(p, limit))
+            data, owner = read_owned(p, limit)
+            rec = parse(data)
         except (OSError, ValueError) as exc:
             problems.append(f"{p}: {exc}")
             continue
@@ -80,6 +109,8 @@ def scan(root: str | os.PathLike[str], prefix: str, limit: int,
         elif not pid_alive(rec.pid):
             if prune:
                 p.unlink(missing_ok=True)
+        elif owner != 0 and owner not in (process_uids(rec.pid) or ()):
+            problems.append(f"{p}: owned by uid {owner}, not by process {rec.pid}'s user")
         else:
             out.append(rec)
     return out, problems

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from transport.sock_records import by_job
 from transport.sock_records import read_dir as read_sock_dir
 
 LOG = logging.getLogger("cruxd.agent")
+SKIP_LOG_EVERY_S = 60.0  # any job can fill qps/ with junk: one warning a minute, not a flood
 
 
 class DataPlane:
@@ -35,6 +37,21 @@ class DataPlane:
         self.sysfs_root = sysfs_root
         self.pcie_links = 0
         self.problems: list[str] = []
+        self.skipped_files = 0  # record files refused (hostile or broken), over all scans
+        self._skip_logged = -SKIP_LOG_EVERY_S
+
+    def _skipped(self, what: str, problems: list[str]) -> None:
+        """Count the files a scan refused; warn about them at most every SKIP_LOG_EVERY_S."""
+        if not problems:
+            return
+        self.skipped_files += len(problems)
+        now = time.monotonic()
+        if now - self._skip_logged >= SKIP_LOG_EVERY_S:
+            self._skip_logged = now
+            LOG.warning("%s: %d file(s) skipped (%d in all so far), e.g. %s", what,
+                        len(problems), self.skipped_files, problems[0])
+        for p in problems:
+            LOG.debug("%s: %s", what, p)
 
     def start(self) -> None:
         try:  # any job's shim writes its own file here, like /tmp: sticky and world-writable
@@ -76,7 +93,9 @@ class DataPlane:
 
     def records(self) -> list[ProcessRecords]:
         """The live job processes' QP records (the measurement reads which ports they use)."""
-        return read_dir(self.qp_dir)[0]
+        records, problems = read_dir(self.qp_dir)
+        self._skipped("QP records", problems)
+        return records
 
     def tc_overrides(self) -> list[apb.NicTcOverride]:
         """RDMA ports whose driver overrides every QP's traffic class."""
@@ -89,8 +108,7 @@ class DataPlane:
         packets carry (`overrides`: the ports' traffic-class overrides, read here when not
         given); prunes the records of processes that are gone."""
         records, self.problems = read_dir(self.qp_dir, prune=True)
-        for p in self.problems:
-            LOG.debug("QP records: %s", p)
+        self._skipped("QP records", self.problems)
         if not records:
             return []
         try:
@@ -120,8 +138,7 @@ class DataPlane:
         """The TCP interposer's connect counters (`qps/sock-<pid>`), summed per job over live
         processes; prunes the files of processes that are gone."""
         records, problems = read_sock_dir(self.qp_dir, prune=True)
-        for p in problems:
-            LOG.debug("socket counters: %s", p)
+        self._skipped("socket counters", problems)
         return [apb.SockStatus(job_id=j.job_id, processes=j.processes, calls=j.calls,
                                **{k.replace("-", "_"): v for k, v in j.counters.items()})
                 for j in by_job(records)]

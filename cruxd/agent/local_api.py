@@ -16,6 +16,7 @@ class Refusal(Enum):
     INVALID = "invalid"  # a malformed request, or one the host cannot act on
     NOT_FOUND = "not found"
     NOT_ALLOWED = "not allowed"
+    EXHAUSTED = "exhausted"  # a limit of this host's (agent.max_jobs, descriptors)
 
 
 class Refused(Exception):

@@ -15,13 +15,19 @@ from cruxd.control.records import LocalJob
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
-from cruxd.rpc.local import INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE
+from cruxd.rpc.local import (
+    INVALID_ARGUMENT,
+    NOT_FOUND,
+    PERMISSION_DENIED,
+    RESOURCE_EXHAUSTED,
+    UNAVAILABLE,
+)
 
 if TYPE_CHECKING:  # the core builds this edge; at run time it is handed the agent
     from cruxd.agent.core import Agent
 
 CODES = {Refusal.INVALID: INVALID_ARGUMENT, Refusal.NOT_FOUND: NOT_FOUND,
-         Refusal.NOT_ALLOWED: PERMISSION_DENIED}
+         Refusal.NOT_ALLOWED: PERMISSION_DENIED, Refusal.EXHAUSTED: RESOURCE_EXHAUSTED}
 MAX_COMMAND = 256  # characters of a job's command line kept for `cruxctl status`
 
 

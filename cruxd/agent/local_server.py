@@ -4,6 +4,11 @@ Access control is the kernel's: the socket file is 0660 in the configured
 group, and every connection's credentials (SO_PEERCRED: pid, uid, gid) are
 checked again, since a descriptor can be passed to a process that could not
 have opened the path.
+
+Any allowed user may still be hostile, so what one can make the agent hold is bounded:
+connections in all and per uid (one more is answered RESOURCE_EXHAUSTED and closed), a
+request's size (MAX_REQUEST), and the time to send a whole request or take a reply. Accept
+errors (EMFILE under a flood) back off instead of spinning; each refusal is counted.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import logging
 import os
 import socket
 import struct
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +31,25 @@ from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.local import (
     INVALID_ARGUMENT,
+    MAX_REQUEST,
     PERMISSION_DENIED,
+    RESOURCE_EXHAUSTED,
     FrameError,
     frame,
     read_frame,
 )
 
 LOG = logging.getLogger(__name__)
+WARN_EVERY_S = 10.0  # a flood gets one warning per kind this often, and counters
+ACCEPT_BACKOFF_S = (0.01, 1.0)  # first and longest wait after a failed accept (EMFILE)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What the socket lets its users make the agent hold ([agent] keys)."""
+    max_connections: int = 256
+    max_connections_per_uid: int = 64
+    request_timeout_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +88,27 @@ Handler = Callable[[apb.LocalRequest, PeerCred], Awaitable[apb.LocalReply]]
 
 
 class LocalServer:
-    def __init__(self, path: Path, gid: int, handler: Handler) -> None:
+    def __init__(self, path: Path, gid: int, handler: Handler,
+                 limits: Limits = Limits()) -> None:
         self.path = path
         self.gid = gid
         self._handler = handler
-        self._server: asyncio.base_events.Server | None = None
+        self.limits = limits
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
         self._conns: set[asyncio.Task[None]] = set()
-        self.rejected = 0
+        self._per_uid: Counter[int] = Counter()
+        self._warned: dict[str, float] = {}
+        self.rejected = 0  # every refusal below, and bad or unauthorised requests
+        self.refused_connections = 0
+        self.timed_out = 0
+        self.accept_errors = 0
+
+    def _warn(self, kind: str, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(kind, -WARN_EVERY_S) >= WARN_EVERY_S:
+            self._warned[kind] = now
+            LOG.warning("local socket: " + msg, *args)
 
     def allowed(self, cred: PeerCred) -> bool:
         if cred.uid in (0, os.geteuid()) or cred.gid == self.gid:
@@ -88,42 +121,114 @@ class LocalServer:
             if await _answers(self.path):
                 raise CruxError(f"another agent is listening on {self.path}")
             self.path.unlink()  # left by an agent that died
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
-        os.chmod(self.path, 0o660)
-        if self.gid != os.getegid():
-            os.chown(self.path, -1, self.gid)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.setblocking(False)
+            sock.bind(str(self.path))
+            sock.listen(min(self.limits.max_connections, socket.SOMAXCONN))
+            os.chmod(self.path, 0o660)
+            if self.gid != os.getegid():
+                os.chown(self.path, -1, self.gid)
+        except BaseException:
+            sock.close()
+            raise
+        self._listener = sock
+        self._accepting = asyncio.create_task(self._accept_loop(sock))
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
             for t in list(self._conns):
                 t.cancel()
-            await asyncio.gather(*self._conns, return_exceptions=True)
-            await self._server.wait_closed()
-            self._server = None
+            await asyncio.gather(self._accepting, *self._conns, return_exceptions=True)
+            self._accepting = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._conns.add(task)
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        delay = ACCEPT_BACKOFF_S[0]
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: wait for descriptors back
+                self.accept_errors += 1
+                self._warn("accept", "accept failed (%s, %d so far); retrying in %g s",
+                           exc.strerror or exc, self.accept_errors, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, ACCEPT_BACKOFF_S[1])
+                continue
+            delay = ACCEPT_BACKOFF_S[0]
+            self._admit(conn)
+
+    def _admit(self, conn: socket.socket) -> None:
         try:
-            cred = peer_cred(writer.get_extra_info("socket"))
+            cred = peer_cred(conn)
+        except OSError:
+            conn.close()
+            return
+        lim = self.limits
+        why = ""
+        if len(self._conns) >= lim.max_connections:
+            why = f"too many connections ({lim.max_connections}, agent.max_connections)"
+        elif self._per_uid[cred.uid] >= lim.max_connections_per_uid:
+            why = (f"too many connections from uid {cred.uid} "
+                   f"({lim.max_connections_per_uid}, agent.max_connections_per_uid)")
+        if why:
+            self.rejected += 1
+            self.refused_connections += 1
+            self._warn("full", "refusing pid %d uid %d: %s (%d refused so far)", cred.pid,
+                       cred.uid, why, self.refused_connections)
+            with contextlib.suppress(OSError):  # best effort: tell it why, never wait
+                conn.setblocking(False)
+                conn.send(frame(error_reply(RESOURCE_EXHAUSTED, why).SerializeToString()))
+            conn.close()
+            return
+        self._per_uid[cred.uid] += 1
+        task = asyncio.create_task(self._serve(conn, cred))
+        self._conns.add(task)
+
+    async def _serve(self, conn: socket.socket, cred: PeerCred) -> None:
+        timeout = self.limits.request_timeout_s
+        writer: asyncio.StreamWriter | None = None
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=conn)
             while True:
-                payload = await read_frame(reader)
+                async with asyncio.timeout(timeout):  # a half-sent frame holds no slot long
+                    payload = await read_frame(reader, MAX_REQUEST)
                 if payload is None:
                     break
                 reply = await self._answer(payload, cred)
                 writer.write(frame(reply.SerializeToString()))
-                await writer.drain()
+                async with asyncio.timeout(timeout):
+                    await writer.drain()
         except FrameError as exc:
-            LOG.warning("local socket: dropping a connection: %s", exc)
+            self.rejected += 1
+            self._warn("frame", "dropping pid %d uid %d: %s", cred.pid, cred.uid, exc)
+        except TimeoutError:
+            self.rejected += 1
+            self.timed_out += 1
+            self._warn("timeout", "dropping pid %d uid %d: no whole request or reply taken "
+                       "in %g s (agent.request_timeout_s; %d so far)", cred.pid, cred.uid,
+                       timeout, self.timed_out)
         except (ConnectionError, asyncio.CancelledError):
             pass
+        except Exception:  # a bug answering one request must not take the socket down
+            LOG.exception("local socket: request from pid %d failed", cred.pid)
         finally:
-            self._conns.discard(task)
-            writer.close()
+            task = asyncio.current_task()
+            if task is not None:
+                self._conns.discard(task)
+            self._per_uid[cred.uid] -= 1
+            if self._per_uid[cred.uid] <= 0:
+                del self._per_uid[cred.uid]
+            if writer is not None:
+                writer.close()
+            else:
+                conn.close()
 
     async def _answer(self, payload: bytes, cred: PeerCred) -> apb.LocalReply:
         if not self.allowed(cred):

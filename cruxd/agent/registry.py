@@ -5,6 +5,11 @@ shim); the agent learns that process's pid from the kernel (SO_PEERCRED) and
 watches it with a pidfd, so a job that exits without deregistering (killed,
 crashed) still leaves: the pidfd becomes readable when the process ends, which
 the event loop notices without polling.
+
+A job id belongs to the user who registered it first: other processes of that user join
+it (another rank), another user is refused (`owner_uid`, checked by the core). Every change
+is announced only once the registry holds it, owners included, so what the core saves on
+a change is what a restarted agent must find.
 """
 
 from __future__ import annotations
@@ -35,7 +40,18 @@ def process_start_time(pid: int, proc: str = "/proc") -> int | None:
 class _Entry:
     job: LocalJob
     hints: Measurement
+    uid: int
     owners: dict[int, int] = field(default_factory=dict)  # pid -> pidfd
+    started: dict[int, int | None] = field(default_factory=dict)  # pid -> start time
+
+
+@dataclass(frozen=True, slots=True)
+class SavedJob:
+    """What the state file keeps of a job: enough to re-adopt it after a restart."""
+    job: LocalJob
+    hints: Measurement
+    uid: int
+    owners: tuple[tuple[int, int | None], ...]  # (pid, its start time)
 
 
 class Registry:
@@ -44,8 +60,9 @@ class Registry:
         self._on_change = on_change  # (job_id, "registered" | "deregistered" | "exited")
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def register(self, job: LocalJob, hints: Measurement, pid: int) -> LocalJob:
-        """Add (or join) `job`, owned by live process `pid`; raises ProcessLookupError."""
+    def register(self, job: LocalJob, hints: Measurement, pid: int, uid: int) -> LocalJob:
+        """Add (or join) `job`, owned by live process `pid` of user `uid` (the caller checks
+        `owner_uid` first); raises ProcessLookupError, or OSError (EMFILE) from pidfd_open."""
         loop = self._loop = self._loop or asyncio.get_running_loop()
         entry = self._jobs.get(job.job_id)
         if entry is not None and pid in entry.owners:
@@ -54,15 +71,19 @@ class Registry:
             entry.hints = hints
             self._on_change(job.job_id, "updated")
             return entry.job
+        started = process_start_time(pid)
         pidfd = os.pidfd_open(pid)  # ProcessLookupError if already gone
         loop.add_reader(pidfd, self._owner_exited, job.job_id, pid)
         if entry is None:
             job = replace(job, registered_unix_ms=int(time.time() * 1000))
-            entry = self._jobs[job.job_id] = _Entry(job, hints)
-            self._on_change(job.job_id, "registered")
+            entry = self._jobs[job.job_id] = _Entry(job, hints, uid)
+            what = "registered"
         else:
             entry.job = replace(entry.job, gpus=max(entry.job.gpus, job.gpus))
+            what = f"joined by process {pid}"
         entry.owners[pid] = pidfd
+        entry.started[pid] = started
+        self._on_change(job.job_id, what)  # after the owner is in: the save must hold it
         return entry.job
 
     def deregister(self, job_id: str, pid: int | None = None) -> bool:
@@ -72,9 +93,11 @@ class Registry:
             return False
         for owner in [pid] if pid is not None else list(entry.owners):
             fd = entry.owners.pop(owner, None)
+            entry.started.pop(owner, None)
             if fd is not None:
                 self._unwatch(fd)
         if entry.owners:  # other processes of the job still run here
+            self._on_change(job_id, f"left by process {pid}")
             return False
         del self._jobs[job_id]
         self._on_change(job_id, "deregistered")
@@ -86,9 +109,14 @@ class Registry:
         if fd is not None:
             self._unwatch(fd)
         LOG.info("job %s: process %d exited", job_id, pid)
-        if entry is not None and not entry.owners:
+        if entry is None:
+            return
+        entry.started.pop(pid, None)
+        if not entry.owners:
             del self._jobs[job_id]
             self._on_change(job_id, "exited")
+        elif fd is not None:
+            self._on_change(job_id, f"left by process {pid}")
 
     def _unwatch(self, fd: int) -> None:
         if self._loop is not None:
@@ -99,6 +127,13 @@ class Registry:
         entry = self._jobs.get(job_id)
         return tuple(entry.owners) if entry else ()
 
+    def owner_uid(self, job_id: str) -> int | None:
+        entry = self._jobs.get(job_id)
+        return entry.uid if entry else None
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
     def hints(self, job_id: str) -> Measurement:
         return self._jobs[job_id].hints
 
@@ -108,21 +143,25 @@ class Registry:
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._jobs
 
-    def snapshot(self) -> list[tuple[LocalJob, Measurement, list[tuple[int, int | None]]]]:
-        """(job, hints, [(owner pid, its start time)]) for the state file."""
-        return [(e.job, e.hints, [(pid, process_start_time(pid)) for pid in e.owners])
-                for _, e in sorted(self._jobs.items())]
+    def saved(self, job_id: str) -> SavedJob | None:
+        """What the state file keeps of `job_id` now (None: it is gone); start times were
+        read at registration, so this costs nothing per owner."""
+        e = self._jobs.get(job_id)
+        return None if e is None else SavedJob(e.job, e.hints, e.uid, tuple(e.started.items()))
 
-    def adopt(self, job: LocalJob, hints: Measurement, owners: list[tuple[int, int | None]]
-              ) -> int:
+    def snapshot(self) -> list[SavedJob]:
+        return [s for job_id in sorted(self._jobs) if (s := self.saved(job_id)) is not None]
+
+    def adopt(self, saved: SavedJob) -> int:
         """Re-register a job saved before a restart, for the owners still alive (same pid
         and start time, so a recycled pid is not mistaken for the job). Returns how many."""
+        job, hints = saved.job, saved.hints
         alive = 0
-        for pid, started in owners:
+        for pid, started in saved.owners:
             if started is None or process_start_time(pid) != started:
                 continue
             try:
-                registered = self.register(job, hints, pid)
+                registered = self.register(job, hints, pid, saved.uid)
             except ProcessLookupError:
                 continue
             if alive == 0 and registered.registered_unix_ms != job.registered_unix_ms:

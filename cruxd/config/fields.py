@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,4 +237,31 @@ def default_runtime_dir(env: Mapping[str, str], euid: int) -> Path:
     xdg = env.get("XDG_RUNTIME_DIR", "")
     if os.path.isabs(xdg):
         return Path(xdg) / "crux"
+    return shared_tmp_runtime_dir(euid)
+
+
+def shared_tmp_runtime_dir(euid: int) -> Path:
+    """The last resort: a name in /tmp, which any user could have created first."""
     return Path(f"/tmp/crux-{euid}")
+
+
+def private_dir_problem(path: Path, euid: int) -> str | None:
+    """Create `path` 0700 if missing; why it cannot be trusted (another user's, a link,
+    group- or world-writable: whoever can write there can swap the decision table), or
+    None. For a directory in a place every user can write to, such as /tmp."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        return f"cannot create {path}: {exc.strerror}"
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} exists and is not a directory; remove it or set daemon.runtime_dir"
+    if st.st_uid != euid:
+        return (f"{path} belongs to uid {st.st_uid}, not to this user ({euid}); another user "
+                "may have created it: remove it or set daemon.runtime_dir")
+    if st.st_mode & 0o022:
+        return (f"{path} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}); "
+                "chmod 700 it or set daemon.runtime_dir")
+    return None

@@ -5,6 +5,7 @@ blocking client for crux-run and cruxctl (short-lived, one call each)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 from pathlib import Path
@@ -15,11 +16,15 @@ from cruxd.errors import CruxError
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 
-MAX_FRAME = 4 << 20
+MAX_FRAME = 4 << 20  # a reply (a cluster's status can be large)
+# A request: a registration's job id, hints and 256-character command line need far less.
+# Bounded apart from replies, as every connected user can make the agent hold one.
+MAX_REQUEST = 64 << 10
 # Error codes on the socket are gRPC's status numbers, so both edges speak one vocabulary.
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
+RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 _LEN = struct.Struct(">I")
 
@@ -28,8 +33,8 @@ class FrameError(CruxError):
     """A frame that is too large, truncated, or not the expected message."""
 
 
-async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
-    """The next frame's payload, or None at a clean end of stream."""
+async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME) -> bytes | None:
+    """The next frame's payload (at most `limit` bytes), or None at a clean end of stream."""
     try:
         head = await reader.readexactly(_LEN.size)
     except asyncio.IncompleteReadError as exc:
@@ -37,8 +42,8 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
             return None
         raise FrameError("connection closed inside a frame header") from None
     (size,) = _LEN.unpack(head)
-    if size > MAX_FRAME:
-        raise FrameError(f"frame of {size} bytes exceeds the {MAX_FRAME}-byte limit")
+    if size > limit:
+        raise FrameError(f"frame of {size} bytes exceeds the {limit}-byte limit")
     try:
         return await reader.readexactly(size)
     except asyncio.IncompleteReadError:
@@ -68,7 +73,9 @@ class LocalClient:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(self.timeout)
                 s.connect(self.path)
-                s.sendall(frame(request.SerializeToString()))
+                # refused before it read us (too many connections): the reply says why
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    s.sendall(frame(request.SerializeToString()))
                 head = _recv_exact(s, _LEN.size)
                 (size,) = _LEN.unpack(head)
                 if size > MAX_FRAME:
