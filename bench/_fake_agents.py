@@ -36,6 +36,7 @@ class FakeAgent:
     inventory: Any
     stub: Any = None
     channel: Any = None
+    metadata: tuple[tuple[str, str], ...] = ()  # the leader's bearer token
     seq: int = 0
     generation: int = 0
     gen_time: dict[int, float] = field(default_factory=dict)  # generation -> first seen
@@ -65,7 +66,7 @@ class FakeAgent:
 
         start = time.monotonic()
         try:
-            await self.stub.Report(self.report_pb(), timeout=30.0)
+            await self.stub.Report(self.report_pb(), timeout=30.0, metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             self.fail(f"Report {exc.code().name}")
             return False
@@ -108,7 +109,8 @@ class Worker:
 
         while True:
             call = a.stub.WatchPlan(lpb.WatchRequest(host_id=host_id(a.index),
-                                                     have_generation=a.generation))
+                                                     have_generation=a.generation),
+                                    metadata=a.metadata)
             try:
                 async for msg in call:
                     now = time.monotonic()
@@ -211,7 +213,7 @@ class Worker:
 
 
 def worker_main(conn: Connection, address: str, hosts: list[int], n_hosts: int, n_jobs: int,
-                seed: int, interval_s: float, poke_on_plan: bool) -> None:
+                seed: int, interval_s: float, poke_on_plan: bool, token: str = "") -> None:
     """Entry point of a worker process (multiprocessing, spawn)."""
     import ctypes
     import signal
@@ -219,11 +221,12 @@ def worker_main(conn: Connection, address: str, hosts: list[int], n_hosts: int, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller stops us
     with contextlib.suppress(OSError, AttributeError):  # die with the controller
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-    asyncio.run(_serve(conn, address, hosts, n_hosts, n_jobs, seed, interval_s, poke_on_plan))
+    asyncio.run(_serve(conn, address, hosts, n_hosts, n_jobs, seed, interval_s, poke_on_plan,
+                       token))
 
 
 async def _serve(conn: Connection, address: str, hosts: list[int], n_hosts: int, n_jobs: int,
-                 seed: int, interval_s: float, poke_on_plan: bool) -> None:
+                 seed: int, interval_s: float, poke_on_plan: bool, token: str) -> None:
     mine = set(hosts)
     now_ms = int(time.time() * 1000)
     jobs: dict[int, list[Any]] = {}
@@ -232,6 +235,8 @@ async def _serve(conn: Connection, address: str, hosts: list[int], n_hosts: int,
             if h in mine:
                 jobs.setdefault(h, []).append(local_job_pb(spec, h, now_ms))
     worker = Worker(address, hosts, jobs, interval_s, poke_on_plan)
+    for a in worker.agents:
+        a.metadata = (("authorization", f"Bearer {token}"),) if token else ()
     loop = asyncio.get_running_loop()
     conn.send(("ready", None))
     try:

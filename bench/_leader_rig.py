@@ -64,6 +64,7 @@ class Bench:
             "leader": {"listen": self.address, "topology": str(topo), "debounce_ms": 50,
                        "profiling_s": 0, "agent_timeout_s": 120}}, die_with_parent=True)
         self.leader = self._started(d, "leader.log")
+        self.token_file = d.root / "state" / "leader.token"
         self.channel = grpc.insecure_channel(self.address)
         try:
             grpc.channel_ready_future(self.channel).result(timeout=30)
@@ -71,6 +72,7 @@ class Bench:
             raise RuntimeError(f"leader did not listen on {self.address}: "
                                f"{self.log_tail('leader.log')}") from None
         self.stub = lgrpc.LeaderStub(self.channel)
+        self.token = self.token_file.read_text().strip()  # written before the port opens
 
     def start_agent(self) -> tuple[subprocess.Popen[bytes], Path]:
         """The real agent on the topology's spare host; returns it and its local socket."""
@@ -78,7 +80,7 @@ class Bench:
         run = self.tmp / "agent" / "run"  # the runtime_dir Daemon gives it
         d = Daemon(self.tmp, "agent", {
             "daemon": {"roles": ["agent"], "host_id": host_id(me), "log_level": "warning"},
-            "agent": {"leader": self.address,
+            "agent": {"leader": self.address, "leader_token": str(self.token_file),
                       "addresses": [nic_address(me, p) for p in range(NICS_PER_HOST)],
                       "gpus": 8, "socket": str(run / "agent.sock"),
                       "decision_table": str(run / "decisions")}}, die_with_parent=True)
@@ -114,7 +116,7 @@ class Bench:
             mine, theirs = ctx.Pipe()
             p = ctx.Process(target=worker_main, daemon=True,
                             args=(theirs, self.address, hosts, a.agents, a.jobs, a.seed,
-                                  a.report_interval, True))
+                                  a.report_interval, True, self.token))
             p.start()
             self.workers.append((p, mine))
         for _, conn in self.workers:
@@ -161,7 +163,8 @@ class Bench:
 
     def status(self) -> Any:
         assert self.stub is not None
-        return self.stub.Status(lpb.StatusRequest(), timeout=30)
+        return self.stub.Status(lpb.StatusRequest(), timeout=30,
+                                metadata=(("authorization", f"Bearer {self.token}"),))
 
     def errors(self) -> dict[str, int]:
         """Failed RPCs of the simulated agents so far, by method and status code."""

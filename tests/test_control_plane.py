@@ -52,6 +52,7 @@ def rig(tmp_path: Path):
     agents = [Daemon(tmp_path, h, {
         "daemon": {"roles": ["agent"]},
         "agent": {"leader": f"127.0.0.1:{port}", "addresses": [ADDR[h]], "gpus": 8,
+                  "leader_token": str(leader.root / "state" / "leader.token"),
                   "report_interval_s": 0.5, "reconnect_max_s": 1.0}}) for h in HOSTS]
     jobs: list[Any] = []
     try:

@@ -162,14 +162,17 @@ def test_invalid_report_is_rejected_counted_and_not_applied(daemon: Daemon) -> N
     bad = lpb.AgentReport(host=lpb.HostInventory(host_id="evil"), jobs=[
         cpb.LocalJob(job_id="j", gpus=1, nnodes=1,
                      measurement=cpb.JobMeasurement(flops_per_iter=float("nan")))])
+    auth = (("authorization", "Bearer " + (daemon.root / "state" / "leader.token").read_text()
+             .strip()),)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         stub = lgrpc.LeaderStub(ch)
         with pytest.raises(grpc.RpcError) as err:
-            stub.Report(bad, timeout=5)
+            stub.Report(bad, timeout=5, metadata=auth)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "jobs[0].measurement.flops_per_iter" in err.value.details()
         with pytest.raises(grpc.RpcError) as err:
-            list(stub.WatchPlan(lpb.WatchRequest(host_id="bad host"), timeout=5))
+            list(stub.WatchPlan(lpb.WatchRequest(host_id="bad host"), timeout=5,
+                                metadata=auth))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         health = health_pb2_grpc.HealthStub(ch).Check(
             health_pb2.HealthCheckRequest(service="crux.v1.Leader"), timeout=5)

@@ -35,7 +35,8 @@ def hints(d: Daemon, fmt: str) -> str:
 
 def test_hints_from_probed_fabric_reproduce_the_rig_tiers(tmp_path: Path) -> None:
     with Fabric(hosts_per_leaf=2, leaves=2, spines=2) as f:
-        daemons = [Daemon(tmp_path, h, agent_config(f, h), netns=f.ns(h)) for h in f.host_names]
+        daemons = [Daemon(tmp_path, h, agent_config(f, h, tmp_path), netns=f.ns(h))
+                   for h in f.host_names]
         with running(daemons, "agent h") as jobs:
             for host, job, rank in (("h0", "big", 0), ("h2", "big", 1), ("h1", "small", 0),
                                     ("h3", "small", 1)):

@@ -36,17 +36,19 @@ def recording(path: Path) -> Path:
     return path
 
 
-def config(f: Fabric, host: str, gpu_file: Path) -> dict[str, dict[str, Any]]:
+def config(f: Fabric, host: str, gpu_file: Path, root: Path) -> dict[str, dict[str, Any]]:
     cfg: dict[str, dict[str, Any]] = {
         "daemon": {"roles": ["agent", "leader"] if host == "h0" else ["agent"]},
-        "agent": {"leader": LEADER, "probing": "none", "addresses": [f.address(host)],
+        "agent": {"leader": LEADER, "leader_token": str(root / "h0" / "state" / "leader.token"),
+                  "probing": "none", "addresses": [f.address(host)],
                   "gpus": GPUS, "report_interval_s": 0.5, "measurement": "live"},
         "measurement": {"rate_hz": 100, "window_s": 6, "gpu": "replay",
                         "gpu_file": str(gpu_file), "gpu_interval_s": 0.5, "settle_s": 0.5},
     }
     if host == "h0":
         cfg["leader"] = {"listen": LEADER, "profiling_s": 8, "levels": 4,
-                         "agent_timeout_s": 10}
+                         "agent_timeout_s": 10,
+                         "insecure_remote": True}  # a lab: plaintext on the rig's fabric
     return cfg
 
 
@@ -59,7 +61,7 @@ def test_agents_measure_job_in_profiling_window_and_leader_plans_with_it(
         tmp_path: Path) -> None:
     gpu_file = recording(tmp_path / "gpus.json")
     with Fabric(hosts_per_leaf=1, leaves=2, spines=1) as f:
-        daemons = [Daemon(tmp_path, h, config(f, h, gpu_file), netns=f.ns(h))
+        daemons = [Daemon(tmp_path, h, config(f, h, gpu_file, tmp_path), netns=f.ns(h))
                    for h in ("h0", "h1")]
         with running(daemons, "live measurement: 1 counter(s)") as jobs:
             for rank, (host, peer) in enumerate((("h0", "h1"), ("h1", "h0"))):

@@ -22,16 +22,18 @@ LEADER = "10.2.0.2:7470"  # h0 runs both roles
 RATE = 6.0  # Mbit/s of every leaf-0 uplink in the throughput part; each flow offers 6
 
 
-def agent_config(f: Fabric, host: str) -> dict[str, dict[str, Any]]:
+def agent_config(f: Fabric, host: str, root: Path) -> dict[str, dict[str, Any]]:
     cfg: dict[str, dict[str, Any]] = {
         "daemon": {"roles": ["agent", "leader"] if host == "h0" else ["agent"]},
-        "agent": {"leader": LEADER, "probing": "sweep", "addresses": [f.address(host)],
+        "agent": {"leader": LEADER, "leader_token": str(root / "h0" / "state" / "leader.token"),
+                  "probing": "sweep", "addresses": [f.address(host)],
                   "gpus": 8, "report_interval_s": 0.5},
         "probing": {"fabric_prefixes": ["10.2.0.0/15"], "rate_pps": 1000, "timeout_s": 0.3},
     }
     if host == "h0":
         cfg["leader"] = {"listen": LEADER, "profiling_s": 0, "levels": 4,
-                         "agent_timeout_s": 10}
+                         "agent_timeout_s": 10,
+                         "insecure_remote": True}  # a lab: plaintext on the rig's fabric
     return cfg
 
 
@@ -49,7 +51,7 @@ def routes_by_job(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | None
 
 def test_agents_probe_leader_discovers_fabric_and_ports_separate_jobs(tmp_path: Path) -> None:
     with Fabric(hosts_per_leaf=2, leaves=2, spines=2) as f:
-        daemons = [Daemon(tmp_path, h, agent_config(f, h), netns=f.ns(h))
+        daemons = [Daemon(tmp_path, h, agent_config(f, h, tmp_path), netns=f.ns(h))
                    for h in f.host_names]
         with running(daemons, "agent h") as jobs:
             # 'small' is 10x as GPU-intensive; both rings cross leaf 0 <-> leaf 1

@@ -95,7 +95,7 @@ def test_iperf3_under_crux_run_takes_the_planned_spine_port_and_class(tmp_path: 
             iperf3_servers(f, ["h2", "h3"], DPORT):
         daemons = []
         for h in f.host_names:
-            cfg = agent_config(f, h)
+            cfg = agent_config(f, h, tmp_path)
             cfg["probing"]["tcp_dport"] = DPORT
             daemons.append(Daemon(tmp_path, h, cfg, netns=f.ns(h)))
         sock = {d.name: d.socket for d in daemons}

@@ -35,8 +35,11 @@ class CA:
         self.path = self.dir / f"{name}.pem"
         self.path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, cn: str, *, server: bool) -> tuple[Path, Path]:
-        """(certificate, key) for `cn`; servers get 127.0.0.1 and localhost as SANs."""
+    def issue(self, cn: str, *, server: bool, san: tuple[str, ...] | None = None
+              ) -> tuple[Path, Path]:
+        """(certificate, key) for `cn`; servers get 127.0.0.1 and localhost as SANs, clients
+        `san` as DNS names (default: the CN, the host id the leader binds them to; () for
+        a certificate with no SAN at all)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         b = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(self.cert.subject)
@@ -51,6 +54,9 @@ class CA:
             b = b.add_extension(x509.SubjectAlternativeName([
                 x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
                 False)
+        elif san is None or san:
+            b = b.add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName(n) for n in (san if san is not None else (cn,))]), False)
         cert = b.sign(self.key, hashes.SHA256())
         cert_path, key_path = self.dir / f"{cn}.crt", self.dir / f"{cn}.key"
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

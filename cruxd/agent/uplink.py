@@ -12,11 +12,13 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 
 from cruxd.config.model import TlsConfig
 from cruxd.control.records import AgentReport, HostPlan
+from cruxd.leader.auth import call_metadata
 from cruxd.rpc import convert, tls
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
@@ -45,8 +47,9 @@ class LeaderLink:
     def __init__(self, address: str, tls_config: TlsConfig, host_id: str,
                  make_report: Callable[[], AgentReport], on_plan: Callable[[HostPlan], None],
                  interval_s: float, backoff_max_s: float,
-                 have_generation: Callable[[], int]) -> None:
+                 have_generation: Callable[[], int], token_path: Path | None = None) -> None:
         self.address = address
+        self._token_path = token_path  # re-read per call: the leader may start after us
         self.host_id = host_id
         self.interval_s = interval_s
         self._tls = tls_config
@@ -82,6 +85,9 @@ class LeaderLink:
             except TimeoutError:
                 LOG.warning("closing the channel to the leader timed out")
 
+    def _auth(self) -> tuple[tuple[str, str], ...]:
+        return call_metadata(self._token_path)
+
     def poke(self) -> None:
         """Report now (a job arrived or left)."""
         self._poke.set()
@@ -103,7 +109,8 @@ class LeaderLink:
             report = AgentReport(report.host, report.jobs, report.paths, report.links,
                                  report.applied_generation, self._seq)
             try:
-                await self._stub.Report(convert.report_to_pb(report), timeout=RPC_TIMEOUT_S)
+                await self._stub.Report(convert.report_to_pb(report), timeout=RPC_TIMEOUT_S,
+                                        metadata=self._auth())
                 if not self.reachable:
                     LOG.info("leader %s reachable", self.address)
                 self.reachable, self.last_error = True, ""
@@ -119,7 +126,8 @@ class LeaderLink:
         backoff = Backoff(self._backoff_max_s)
         while not self._stop.is_set():
             call = self._stub.WatchPlan(lpb.WatchRequest(host_id=self.host_id,
-                                                         have_generation=self._have()))
+                                                         have_generation=self._have()),
+                                       metadata=self._auth())
             try:
                 async for msg in call:
                     backoff.reset()
@@ -134,20 +142,23 @@ class LeaderLink:
 
     async def cluster_status(self) -> tuple[cpb.ClusterStatus | None, str]:
         try:
-            return await self._stub.Status(lpb.StatusRequest(), timeout=2.0), ""
+            return await self._stub.Status(lpb.StatusRequest(), timeout=2.0,
+                                           metadata=self._auth()), ""
         except grpc.aio.AioRpcError as exc:
             return None, f"{exc.code().name}: {exc.details()}"
 
     async def plan_document(self) -> tuple[cpb.PlanDocument | None, str]:
         try:
-            return await self._stub.GetPlan(lpb.PlanRequest(), timeout=5.0), ""
+            return await self._stub.GetPlan(lpb.PlanRequest(), timeout=5.0,
+                                            metadata=self._auth()), ""
         except grpc.aio.AioRpcError as exc:
             return None, f"{exc.code().name}: {exc.details()}"
 
     async def hints(self, fmt: str) -> tuple[cpb.HintsDocument | None, str, str]:
         """(document, error, gRPC status name of the error)."""
         try:
-            doc = await self._stub.GetHints(cpb.HintsRequest(format=fmt), timeout=10.0)
+            doc = await self._stub.GetHints(cpb.HintsRequest(format=fmt), timeout=10.0,
+                                            metadata=self._auth())
             return doc, "", ""
         except grpc.aio.AioRpcError as exc:
             return None, f"{exc.code().name}: {exc.details()}", exc.code().name

@@ -101,7 +101,11 @@ def leader_call(args: argparse.Namespace, method: str, request: Any = None) -> A
         parse_hostport(args.leader)
     except ValueError as exc:
         raise UsageError(f"--leader: {exc}") from None
-    tls_config = _config(args).tls if args.config else None
+    from cruxd.leader.auth import call_metadata
+
+    config = _config(args)  # the embedded default without --config: this host's token
+    tls_config = config.tls if args.config else None
+    metadata = call_metadata(config.agent.leader_token)
 
     async def call() -> Any:
         from cruxd.config.model import TlsConfig
@@ -111,7 +115,7 @@ def leader_call(args: argparse.Namespace, method: str, request: Any = None) -> A
             stub = lgrpc.LeaderStub(ch)  # type: ignore[no-untyped-call]
             req = request or (lpb.StatusRequest() if method == "Status"
                               else lpb.PlanRequest())
-            return await getattr(stub, method)(req, timeout=5.0)
+            return await getattr(stub, method)(req, timeout=5.0, metadata=metadata)
         finally:
             await ch.close()
 

@@ -39,6 +39,12 @@ class AgentConfig:
     addresses: tuple[str, ...]  # normalised IP texts; () -> discover at run time
     gpus: int | None  # None: detect with NVML
     reconnect_max_s: float
+    leader_token: Path  # the leader's bearer token (plaintext leader); read per call
+    # what one local user can make the agent hold (docs/configuration.md)
+    max_connections: int = 256  # local-socket connections at once, all users
+    max_connections_per_uid: int = 64
+    request_timeout_s: float = 5.0  # for a whole request frame, and for sending its reply
+    max_jobs: int = 256  # jobs registered here; matches leader.max_jobs_per_host's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +99,9 @@ class LeaderConfig:
     change_threshold: float
     star_nic_gbps: float
     max_jobs: int
+    max_jobs_per_host: int  # one host's report may hold at most this many jobs
+    hosts: tuple[str, ...]  # host ids admitted; () -> any authenticated host
+    insecure_remote: bool  # allow a plaintext listen address that is not loopback
     state_file: Path
     hints_dir: Path | None  # None: no periodic placement-hint export
     hints_interval_s: float

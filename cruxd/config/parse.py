@@ -24,7 +24,9 @@ from cruxd.config.fields import (
     describe,
     did_you_mean,
     home_dir,
+    private_dir_problem,
     quote_key,
+    shared_tmp_runtime_dir,
 )
 from cruxd.config.hostport import format_hostport, parse_hostport
 from cruxd.config.measure_section import parse_measurement
@@ -44,6 +46,7 @@ from cruxd.config.model import (
     restart_required,
 )
 from cruxd.config.probing_section import parse_probing
+from cruxd.config.toml_depth import MAX_DEPTH, too_deep
 from cruxd.errors import UsageError
 from cruxd.scheduler.dscp import DEFAULT_LEVELS, level_dscp
 
@@ -115,10 +118,16 @@ def parse_config(text: str, source: str, *, env: Mapping[str, str] = os.environ,
     A `source` in angle brackets (not a file) anchors relative paths at the
     current directory. `env` and `euid` pick the default directories.
     """
+    deep = too_deep(text)
+    if deep is not None:
+        raise ConfigError(source, None, f"invalid TOML at line {deep[0]}: {deep[1] or 'a value'}"
+                          f" nested more than {MAX_DEPTH} deep")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, None, _syntax(str(exc))) from exc
+    except RecursionError:  # the scan above should have caught it; never a traceback
+        raise ConfigError(source, None, "invalid TOML: nested too deeply") from None
     base = None if source.startswith("<") else Path(source).absolute().parent
     try:
         return _build(doc, source, base, env, os.geteuid() if euid is None else euid)
@@ -161,7 +170,14 @@ def _build(doc: Mapping[str, object], source: str, base: Path | None, env: Mappi
                       f"starting with a letter or digit, got {json.dumps(host_id)}")
     state_dir = d.path("state_dir") or default_state_dir(env, euid)
     runtime_dir = d.path("runtime_dir") or default_runtime_dir(env, euid)
-    agent = _agent(sec["agent"], runtime_dir)
+    # in /tmp another user may have made it first; checked for this process only, not for
+    # a configuration parsed on behalf of another user
+    if (runtime_dir == shared_tmp_runtime_dir(euid) and euid == os.geteuid()
+            and (why := private_dir_problem(runtime_dir, euid))):
+        raise d.error("runtime_dir", why)
+    agent = _agent(sec["agent"], runtime_dir, state_dir)
+    if "agent" in roles:
+        _agent_paths(sec["agent"], d, agent)
     probing = parse_probing(sec["probing"], agent.probing == "sweep")
     measurement = parse_measurement(sec["measurement"], agent.measurement == "live")
     leader = _leader(sec["leader"], state_dir)
@@ -192,7 +208,7 @@ def _section_hint(name: str) -> str:
     return did_you_mean(name, SECTION_KEYS, prefix="[", suffix="]")
 
 
-def _agent(a: Section, runtime_dir: Path) -> AgentConfig:
+def _agent(a: Section, runtime_dir: Path, state_dir: Path) -> AgentConfig:
     measurement = a.choice("measurement", "static", ("static", "replay", "live"))
     measurement_file = a.path("measurement_file")
     if measurement == "replay" and measurement_file is None:
@@ -207,6 +223,10 @@ def _agent(a: Section, runtime_dir: Path) -> AgentConfig:
     return AgentConfig(
         socket=a.path("socket") or runtime_dir / "agent.sock",
         socket_group=a.string("socket_group", "") or None,
+        max_connections=a.integer("max_connections", 256, Range(1, 65536)),
+        max_connections_per_uid=a.integer("max_connections_per_uid", 64, Range(1, 65536)),
+        request_timeout_s=a.number("request_timeout_s", 5.0, Range(0, 3600, lo_open=True)),
+        max_jobs=a.integer("max_jobs", 256, Range(1, 4096)),
         leader=a.hostport("leader", "127.0.0.1:7470", min_port=1),
         report_interval_s=a.number("report_interval_s", 5.0, Range(0.05, 3600, lo_open=True)),
         decision_table=a.path("decision_table") or runtime_dir / "decisions",
@@ -217,7 +237,31 @@ def _agent(a: Section, runtime_dir: Path) -> AgentConfig:
         addresses=a.addresses("addresses"),
         gpus=None if gpus == -1 else gpus,
         reconnect_max_s=a.number("reconnect_max_s", 30.0, Range(0.1, 3600, lo_open=True)),
+        leader_token=a.path("leader_token") or state_dir / "leader.token",
     )
+
+
+# sun_path holds 108 bytes; one is kept for the terminating NUL other tools expect
+_SOCKET_PATH_MAX = 107
+_PSEUDO_FS = (Path("/proc"), Path("/sys"))
+
+
+def _agent_paths(a: Section, d: Section, agent: AgentConfig) -> None:
+    """Paths the agent creates files at: where the kernel would refuse them, say so now."""
+    socket_given = a.path("socket") is not None
+    size = len(os.fsencode(agent.socket))
+    if size > _SOCKET_PATH_MAX:
+        where = (a, "socket") if socket_given else (d, "runtime_dir")
+        raise where[0].error(where[1], f"the agent socket {agent.socket} is {size} bytes; a Unix "
+                             f"socket path holds at most {_SOCKET_PATH_MAX} bytes")
+    for key, path in (("decision_table", agent.decision_table), ("socket", agent.socket)):
+        real = Path(os.path.realpath(path))
+        for fs in _PSEUDO_FS:
+            if real.is_relative_to(fs):
+                given = a.path(key) is not None
+                raise (a if given else d).error(key if given else "runtime_dir",
+                                                f"{path} is under {fs}, a kernel file system "
+                                                "where no file can be created")
 
 
 def _leader(s: Section, state_dir: Path) -> LeaderConfig:
@@ -240,11 +284,23 @@ def _leader(s: Section, state_dir: Path) -> LeaderConfig:
         change_threshold=s.number("change_threshold", 0.10, Range(0, 10, lo_open=True)),
         star_nic_gbps=s.number("star_nic_gbps", 100.0, Range(0, 100000, lo_open=True)),
         max_jobs=s.integer("max_jobs", 100000, Range(1, 10_000_000)),
+        max_jobs_per_host=s.integer("max_jobs_per_host", 256, Range(1, 4096)),
+        hosts=_host_ids(s, "hosts"),
+        insecure_remote=s.boolean("insecure_remote", False),
         state_file=s.path("state_file") or state_dir / "leader-state.json",
         hints_dir=s.path("hints_dir"),
         hints_interval_s=s.number("hints_interval_s", 60.0, Range(1, 86400)),
         reflection=s.boolean("reflection", False),
     )
+
+
+def _host_ids(s: Section, key: str) -> tuple[str, ...]:
+    ids = s.strings(key)
+    for h in ids:
+        if not _HOST_ID.fullmatch(h):
+            raise s.error(key, f"{json.dumps(h)} is not a host id (letters, digits, '.', '_', "
+                          "'-', at most 253, starting with a letter or digit)")
+    return ids
 
 
 def _tls(t: Section) -> TlsConfig:

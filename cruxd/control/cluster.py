@@ -67,6 +67,9 @@ class ClusterState:
     # hops that vanished from an agent's paths, and when: other agents whose paths
     # cross them are asked to probe again (HostPlan.reprobe)
     down_hops: dict[str, float] = field(default_factory=dict)
+    # hosts dropped so far: state kept elsewhere per host (hint samples) is purged when
+    # this moves, so hosts that come and go leave nothing behind
+    hosts_removed: int = 0
 
     # --- events ------------------------------------------------------------
     def ingest(self, report: AgentReport, now: float) -> list[str]:
@@ -132,6 +135,7 @@ class ClusterState:
                 causes.append(f"agent expired: {host}")
             elif rec.expired and age > KEEP_EXPIRED_TIMEOUTS * self.agent_timeout_s:
                 del self.agents[host]
+                self.hosts_removed += 1
         causes += self._settle_jobs(now)
         for jid, job in list(self.jobs.items()):
             if (job.expired_at is not None
@@ -179,9 +183,12 @@ class ClusterState:
         return causes
 
     def next_deadline(self) -> float | None:
-        """When expire() or advance_profiling() next has something to do."""
-        times = [r.last_report + self.agent_timeout_s for r in self.agents.values()
-                 if not r.expired]
+        """When expire() or advance_profiling() next has something to do: dropping what
+        expired long enough ago included, or a cluster that went quiet would keep it."""
+        keep = KEEP_EXPIRED_TIMEOUTS * self.agent_timeout_s
+        times = [r.last_report + (keep if r.expired else self.agent_timeout_s)
+                 for r in self.agents.values()]
+        times += [j.expired_at + keep for j in self.jobs.values() if j.expired_at is not None]
         times += [j.profiling_until for j in self.jobs.values()
                   if j.profile == "profiling" and j.expired_at is None]
         return min(times) if times else None

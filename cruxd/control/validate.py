@@ -130,7 +130,9 @@ def _unique(names: Iterable[Hashable], field: str) -> None:
         seen.add(name)
 
 
-def check_report(r: AgentReport) -> AgentReport:
+def check_report(r: AgentReport, max_jobs: int = MAX_JOBS_PER_HOST) -> AgentReport:
+    """`max_jobs`: the jobs one host may report (leader.max_jobs_per_host), so that one
+    host cannot take the cluster-wide leader.max_jobs from the others."""
     host = r.host
     check_host_id(host.host_id, "host.host_id")
     _number(host.gpus, "host.gpus", MAX_GPUS)
@@ -142,6 +144,9 @@ def check_report(r: AgentReport) -> AgentReport:
         _text(nic.name, f"host.nics[{i}].name")
     for name in ("agent_version", "measurement_source", "probing_source"):
         _text(getattr(host, name), f"host.{name}")
+    if len(r.jobs) > max_jobs:
+        raise InvalidMessage("jobs", f"{len(r.jobs)} jobs, leader.max_jobs_per_host is "
+                             f"{max_jobs}")
     _count(len(r.jobs), "jobs", MAX_JOBS_PER_HOST)
     for i, job in enumerate(r.jobs):
         check_local_job(job, f"jobs[{i}]")

@@ -30,10 +30,12 @@ class LeaderHints:
         self._task: asyncio.Task[None] | None = None
         self._written: dict[str, str] = {}
         self._assignments: tuple[int, dict[str, JobAssignment]] = (-1, {})
+        self._purged_at = 0  # leader.state.hosts_removed when the samples were last purged
 
     def observe(self, report: AgentReport) -> None:
         """Every report passes here: only reports with live-measured jobs cost anything,
         and the plan's job index is built once per plan generation, not per report."""
+        self._purge()
         plan = self.leader.plan
         live = [j for j in report.jobs if j.measurement.source.startswith(LIVE_SOURCE)]
         if plan is None or not live:
@@ -43,8 +45,21 @@ class LeaderHints:
         self.bandwidth.add(samples_from(report.host.host_id, live, self._assignments[1],
                                         int(self.leader.clock() * 1000)))
 
+    def _purge(self) -> None:
+        """Drop the samples of hosts the cluster state no longer holds (O(samples), and
+        only after a host was removed)."""
+        state = self.leader.state
+        if self._purged_at == state.hosts_removed:
+            return
+        self._purged_at = state.hosts_removed
+        kept = [x for x in self.bandwidth.samples()
+                if x.src in state.agents and x.dst in state.agents]
+        self.bandwidth = BandwidthLog(self.bandwidth.keep)
+        self.bandwidth.add(kept)
+
     def view(self) -> FabricView | None:
         """None before any agent has reported (nothing is known of the fabric)."""
+        self._purge()
         ld = self.leader
         if not ld.state.live_agents():
             return None

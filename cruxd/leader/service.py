@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ from cruxd.control.host_plans import LeaderPlanConfig, PublishedPlan, make_plan,
 from cruxd.control.validate import InvalidMessage, check_host_id, check_report
 from cruxd.hints.formats import FORMATS
 from cruxd.leader import store
+from cruxd.leader.auth import Gate
 from cruxd.leader.hint_service import LeaderHints
 from cruxd.leader.status import cluster_status
 from cruxd.model.topology import Topology
@@ -53,9 +55,11 @@ class Leader(lgrpc.LeaderServicer):
         self.state = ClusterState(lc.agent_timeout_s, lc.change_threshold, lc.profiling_s)
         self.plan: PublishedPlan | None = None
         self.max_jobs = lc.max_jobs  # a restart-only key: a reload does not change it
+        self.max_jobs_per_host = lc.max_jobs_per_host
         self.address = ""
         self._on_plan = on_plan or (lambda p: None)
         self._on_reject = on_reject or (lambda rpc, why: None)
+        self.gate = Gate(config, self._on_reject)  # who may call: token or certificate
         self._wake = asyncio.Event()
         self._published = asyncio.Event()
         self._causes: list[str] = []
@@ -63,6 +67,8 @@ class Leader(lgrpc.LeaderServicer):
         self._task: asyncio.Task[None] | None = None
         self._persist: asyncio.Task[None] | None = None
         self._unsaved = asyncio.Event()
+        self._save_lock = threading.Lock()
+        self._snapshots = self._saved_seq = 0
         self.watchers = 0
         self.hints = LeaderHints(self)
 
@@ -142,6 +148,12 @@ class Leader(lgrpc.LeaderServicer):
                           self.plan.generation if self.plan else "none")
             return
         plan.latency_s = time.monotonic() - first
+        # Saved before any agent can see it (a WatchPlan opened meanwhile sends self.plan):
+        # a leader killed right after publishing must not restart at the previous
+        # generation and reuse this number for a different plan. (Only when the write
+        # fails, which is logged, can a crash before the next good save still cost the
+        # numbers published since.)
+        await asyncio.to_thread(self._save, self._snapshot(plan))
         self.plan = plan
         old, self._published = self._published, asyncio.Event()
         old.set()
@@ -149,20 +161,34 @@ class Leader(lgrpc.LeaderServicer):
                  plan.latency_s * 1000, "; ".join(causes[:3]) + (" ..." if len(causes) > 3
                                                                  else ""))
         self._on_plan(plan)
-        self._unsaved.set()
 
     async def _persister(self) -> None:
+        """Saves view changes that no plan followed (set `_unsaved`), batched; plans
+        save themselves before they go out."""
         while True:
             await self._unsaved.wait()
-            await asyncio.sleep(PERSIST_DELAY_S)  # plan streams go out first
+            await asyncio.sleep(PERSIST_DELAY_S)
             self._unsaved.clear()
             # a consistent snapshot is taken on the loop; only the disk write leaves it
-            await asyncio.to_thread(self._save, store.snapshot(self.state, self.plan))
+            await asyncio.to_thread(self._save, self._snapshot())
 
-    def _save(self, doc: dict[str, object] | None = None) -> None:
+    def _snapshot(self, plan: PublishedPlan | None = None) -> tuple[int, dict[str, object]]:
+        self._snapshots += 1
+        return self._snapshots, store.snapshot(self.state, plan or self.plan)
+
+    def _save(self, numbered: tuple[int, dict[str, object]] | None = None) -> None:
+        seq, doc = numbered or self._snapshot()
+        # Plan and persister threads may overlap: one writer at a time, and never an
+        # older snapshot over a newer one (that would bring back an older generation).
+        with self._save_lock:
+            if seq < self._saved_seq:
+                return
+            self._saved_seq = seq
+            self._write(doc)
+
+    def _write(self, doc: dict[str, object]) -> None:
         try:
-            store.write_atomic(self.config.leader.state_file,
-                               doc or store.snapshot(self.state, self.plan))
+            store.write_atomic(self.config.leader.state_file, doc)
         except OSError as exc:
             LOG.error("cannot persist leader state to %s: %s", self.config.leader.state_file,
                       exc.strerror)
@@ -176,8 +202,9 @@ class Leader(lgrpc.LeaderServicer):
 
     async def Report(self, request: lpb.AgentReport,
                      context: grpc.aio.ServicerContext[Any, Any]) -> lpb.ReportAck:
+        await self.gate.check(context, "Report", request.host.host_id)
         try:
-            report = check_report(convert.report_from_pb(request))
+            report = check_report(convert.report_from_pb(request), self.max_jobs_per_host)
         except InvalidMessage as exc:
             await self._reject(context, "Report", exc)
             raise  # abort raised already; keeps type checkers honest
@@ -194,6 +221,7 @@ class Leader(lgrpc.LeaderServicer):
 
     async def WatchPlan(self, request: lpb.WatchRequest,
                         context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[lpb.HostPlan]:
+        await self.gate.check(context, "WatchPlan", request.host_id)
         try:
             host = check_host_id(request.host_id)
         except InvalidMessage as exc:
@@ -216,10 +244,12 @@ class Leader(lgrpc.LeaderServicer):
 
     async def Status(self, request: lpb.StatusRequest,
                      context: grpc.aio.ServicerContext[Any, Any]) -> cpb.ClusterStatus:
+        await self.gate.check(context, "Status")
         return cluster_status(self, socket.gethostname())
 
     async def GetPlan(self, request: lpb.PlanRequest,
                       context: grpc.aio.ServicerContext[Any, Any]) -> cpb.PlanDocument:
+        await self.gate.check(context, "GetPlan")
         if self.plan is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no plan yet (no agent reported)")
             raise AssertionError("unreachable")
@@ -234,6 +264,7 @@ class Leader(lgrpc.LeaderServicer):
 
     async def GetHints(self, request: cpb.HintsRequest,
                        context: grpc.aio.ServicerContext[Any, Any]) -> cpb.HintsDocument:
+        await self.gate.check(context, "GetHints")
         if request.format not in FORMATS:
             await self._reject(context, "GetHints", InvalidMessage(
                 "format", f"unknown format {request.format!r}; formats: {', '.join(FORMATS)}"))
