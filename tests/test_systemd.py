@@ -187,10 +187,14 @@ SERVICE_DIRECTIVES = {
     "RuntimeDirectoryMode": "0755", "RuntimeDirectoryPreserve": "yes",
     "StateDirectory": "crux", "StateDirectoryMode": "0750", "ConfigurationDirectory": "crux",
     "EnvironmentFile": "-/etc/default/cruxd", "ProtectSystem": "strict",
-    "ProtectHome": "read-only", "PrivateTmp": "yes", "NoNewPrivileges": "yes",
-    "ProtectKernelModules": "yes", "ProtectControlGroups": "yes",
-    "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6 AF_NETLINK AF_PACKET",
+    "ProtectHome": "yes", "PrivateTmp": "yes", "NoNewPrivileges": "yes",
+    "ProtectKernelModules": "yes", "ProtectControlGroups": "yes", "PrivateMounts": "yes",
+    "ProtectClock": "yes", "ProtectKernelLogs": "yes", "ProtectHostname": "yes",
+    "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+    "RestrictNamespaces": "yes", "RestrictSUIDSGID": "yes", "UMask": "0027",
     "LockPersonality": "yes", "RestrictRealtime": "yes", "SystemCallArchitectures": "native",
+    "SystemCallFilter": "@system-service", "SystemCallErrorNumber": "EPERM",
+    "LimitNOFILE": "65536", "MemoryMax": "2G",
     "LimitMEMLOCK": "infinity", "StandardOutput": "journal", "StandardError": "journal",
     "SyslogIdentifier": "cruxd", "Group": "crux",
 }
@@ -229,6 +233,24 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     # Unknown keys and unparsable values are only warnings: exit 0, a line on stderr.
     assert UNIT.name not in run.stderr, run.stderr
+
+
+MAX_EXPOSURE = 3.5  # issue 17: "OK" or better in systemd-analyze security
+
+
+def test_systemd_analyze_security_score() -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze not installed (Debian package: systemd)")
+    helps = subprocess.run([analyze, "security", "--help"], capture_output=True, text=True,
+                           timeout=60, check=False)
+    if "--offline" not in helps.stdout:
+        pytest.skip("systemd-analyze security has no --offline (systemd < 250)")
+    run = subprocess.run([analyze, "security", "--offline=true", "--no-pager", str(UNIT)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    found = re.search(r"Overall exposure level for cruxd\.service: (\d+\.\d+)", run.stdout)
+    assert found, run.stdout + run.stderr
+    assert float(found[1]) <= MAX_EXPOSURE, run.stdout
 
 
 @pytest.mark.root
