@@ -317,3 +317,26 @@ def test_missing_state_file(tmp_path: Path) -> None:
     fresh = ClusterState(30.0, 0.1, 0.0)
     assert store.load(tmp_path / "leader.json", fresh, now=1.0) is None
     assert fresh.agents == {} and list(tmp_path.iterdir()) == []
+
+
+# --- declared figures cannot buy priority (issue 17) ------------------------------------
+
+
+def test_a_job_cannot_promote_itself_by_declaring() -> None:
+    """'claim' declares 1000x the W_j of the measured 'real' on the same hosts' links; it
+    still ranks after it, and on no higher level."""
+    def job(jid: str, rank: int, flops: float, source: str) -> LocalJob:
+        return LocalJob(jid, 8, rank, 2, measurement=Measurement(
+            flops_per_iter=flops, compute_s=1.0, allreduce_bytes=1e9, source=source))
+
+    s = state_of(report("h0", job("real", 0, 1e12, "live"), job("claim", 0, 1e15, "hints")),
+                 report("h2", job("real", 1, 1e12, "live"), job("claim", 1, 1e15, "hints")))
+    jobs = by_id(plan_of(s, clos()).jobs)
+    assert jobs["claim"].rank > jobs["real"].rank
+    assert jobs["claim"].level <= jobs["real"].level
+    assert jobs["claim"].intensity <= jobs["real"].intensity
+    # the same claim measured would have won: the rule is what held it back
+    s2 = state_of(report("h0", job("real", 0, 1e12, "live"), job("claim", 0, 1e15, "live")),
+                  report("h2", job("real", 1, 1e12, "live"), job("claim", 1, 1e15, "live")))
+    jobs2 = by_id(plan_of(s2, clos()).jobs)
+    assert jobs2["claim"].rank < jobs2["real"].rank

@@ -100,3 +100,27 @@ def test_k_is_invariant_to_the_time_unit(c1: float, o1: float, t1: float, c2: fl
                         timing([c2 * scale], [o2], [t2 * scale]))
     assert g2[0] == pytest.approx(g1[0] * scale, rel=1e-6, abs=1e-6)
     assert l2[0] == pytest.approx(l1[0] * scale, rel=1e-6, abs=1e-6)
+
+
+# --- declared figures cannot buy priority (issue 17) ------------------------------------
+
+
+@given(st.lists(st.tuples(st.floats(1e9, 1e18), st.floats(0.01, 2.0), st.booleans()),
+                min_size=2, max_size=8))
+def test_declared_jobs_rank_after_every_measured_job(jobs: list[tuple[float, float, bool]]
+                                                     ) -> None:
+    ids = [f"j{i}" for i in range(len(jobs))]
+    intensity = np.array([w for w, _, _ in jobs])
+    comm = np.array([c for _, c, _ in jobs])
+    declared = np.array([d for _, _, d in jobs])
+    one = np.ones(len(jobs))
+    pr = assign(ids, intensity, one, one * 0.5, comm, comm * 1e9, declared=declared)
+    measured_ranks = pr.rank[~declared]
+    if len(measured_ranks) and declared.any():
+        assert pr.rank[declared].min() > measured_ranks.max()
+    # within each group the order is what priority alone gives
+    plain = assign(ids, intensity, one, one * 0.5, comm, comm * 1e9)
+    for group in (~declared, declared):
+        members = np.flatnonzero(group)
+        assert sorted(members, key=lambda i: pr.rank[i]) == \
+            sorted(members, key=lambda i: plain.rank[i])

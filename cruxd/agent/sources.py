@@ -18,6 +18,7 @@ from typing import Protocol
 
 from cruxd.config.model import Config
 from cruxd.control.records import (
+    DECLARED_SOURCE,
     HostPlan,
     LinkObservation,
     LocalJob,
@@ -129,7 +130,7 @@ class StaticMeasurement(MeasurementDefaults):
         if not self.accept_hints:
             return Measurement(source="static")
         return Measurement(hints.flops_per_iter, hints.comm_s, hints.period_s,
-                           hints.compute_s, hints.allreduce_bytes, "hints")
+                           hints.compute_s, hints.allreduce_bytes, DECLARED_SOURCE)
 
 
 class _WatchedJson:

@@ -16,7 +16,15 @@ from typing import Any
 
 from cruxd.control.cluster import ClusterState, MergedJob
 from cruxd.control.discovery import discover
-from cruxd.control.records import HostPlan, JobAssignment, JobState, Nic, PathTable, PeerRoute
+from cruxd.control.records import (
+    DECLARED_SOURCE,
+    HostPlan,
+    JobAssignment,
+    JobState,
+    Nic,
+    PathTable,
+    PeerRoute,
+)
 from cruxd.model.jobs import Job, ring_allreduce
 from cruxd.model.plan import Plan
 from cruxd.model.topology import Topology, TopologyBuilder
@@ -236,7 +244,8 @@ def _as_job(m: MergedJob, topo: Topology,
     ports = {h: topo.nic_ports(h) for h, _ in m.hosts}
     flows = ring_allreduce(m.hosts, size, ports) if multi else ()
     return Job(m.job_id, m.hosts, compute, ms.flops_per_iter, overlap, flows,
-               comm_s=ms.comm_s or None), ""
+               comm_s=ms.comm_s or None,
+               declared=DECLARED_SOURCE in ms.source.split(",")), ""
 
 
 def _addresses(nics: Mapping[str, tuple[Nic, ...]], host: str, port: int | None

@@ -23,6 +23,10 @@ class JobState(IntEnum):
         return self.name.lower()
 
 
+# Measurement.source of figures a job declared at registration: nobody measured them
+DECLARED_SOURCE = "hints"
+
+
 @dataclass(frozen=True, slots=True)
 class Measurement:
     """Per-iteration figures of a job on one host; 0 means unknown."""

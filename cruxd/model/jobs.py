@@ -30,6 +30,9 @@ class Job:
     overlap: fraction of compute that communication may overlap; communication
         starts once (1 - overlap) of the compute is done (seed Fig. 12 uses 0.5).
     comm_s: measured t_j (seconds per iteration); None -> derived from flows and paths.
+    declared: W_j/t_j are what the job declared, not what was measured. A job must not
+        raise its own priority by declaring: such jobs rank below every measured job, and
+        their intensity is capped at the lowest measured one (docs/security.md).
     """
 
     id: str
@@ -40,6 +43,7 @@ class Job:
     flows: tuple[FlowSpec, ...]
     pattern: str = "flows"
     comm_s: float | None = None
+    declared: bool = False
 
     @property
     def gpus(self) -> int:

@@ -56,7 +56,8 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
     jobs = _intensities(view, by_job)
     _select_paths(ids, by_job, jobs, len(view.topology.capacity))
     pr = assign(ids, jobs.intensity, jobs.compute, jobs.overlap, jobs.comm, jobs.traffic,
-                reference=config.reference_job, window_periods=config.pair_window_periods)
+                reference=config.reference_job, window_periods=config.pair_window_periods,
+                declared=jobs.declared)
     usage = _link_usage(flows, jobs.period, len(view.topology.capacity))
     levels = _compress(usage, pr, jobs, config)
     return Plan(
@@ -81,6 +82,7 @@ class _Intensities:
     period: np.ndarray  # standalone iteration time
     intensity: np.ndarray  # I_j = W_j / t_j; inf without inter-host traffic
     i_max: float  # the largest finite I_j (1 if none): intensities are weighed against it
+    declared: np.ndarray  # bool: figures the job declared, not measured (Job.declared)
 
 
 def _intensities(view: ClusterView, by_job: list[list[FlowPaths]]) -> _Intensities:
@@ -100,16 +102,27 @@ def _intensities(view: ClusterView, by_job: list[list[FlowPaths]]) -> _Intensiti
     period = np.maximum(compute, (1.0 - overlap) * compute + comm)
     with np.errstate(divide="ignore"):
         intensity = np.where(comm > 0, flops / np.where(comm > 0, comm, 1.0), np.inf)
+    declared = np.array([j.declared for j in jobs], dtype=bool)
+    _cap_declared(intensity, declared)
     finite = intensity[np.isfinite(intensity)]
     i_max = float(finite.max()) if len(finite) else 1.0
-    return _Intensities(compute, overlap, traffic, comm, period, intensity, i_max)
+    return _Intensities(compute, overlap, traffic, comm, period, intensity, i_max, declared)
+
+
+def _cap_declared(intensity: np.ndarray, declared: np.ndarray) -> None:
+    """No declared intensity above the lowest measured one, so a job's claim cannot
+    weigh more than a measured job in path choice or compression either."""
+    measured = intensity[~declared & np.isfinite(intensity)]
+    if len(measured) and declared.any():
+        np.minimum(intensity, np.where(declared, measured.min(), np.inf), out=intensity)
 
 
 def _select_paths(ids: list[str], by_job: list[list[FlowPaths]], jobs: _Intensities,
                   n_links: int) -> None:
     """Step 3: sets each flow's `choice`, the most intensive job first."""
     load = np.zeros(n_links)
-    for ji in sorted(range(len(ids)), key=lambda i: (-jobs.intensity[i], ids[i])):
+    for ji in sorted(range(len(ids)),
+                     key=lambda i: (bool(jobs.declared[i]), -jobs.intensity[i], ids[i])):
         weight = jobs.intensity[ji] / jobs.i_max
         for f in by_job[ji]:
             x = weight * 8.0 * f.spec.bytes / jobs.period[ji] / 1e9

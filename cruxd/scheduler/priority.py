@@ -47,9 +47,11 @@ def reference_job(traffic: np.ndarray, period: np.ndarray, ids: Sequence[str]) -
 
 def assign(ids: Sequence[str], intensity: np.ndarray, compute_s: np.ndarray,
            overlap: np.ndarray, comm_s: np.ndarray, traffic: np.ndarray, *,
-           reference: str | None = None, window_periods: float = 3.0) -> Priorities:
+           reference: str | None = None, window_periods: float = 3.0,
+           declared: np.ndarray | None = None) -> Priorities:
     """k_j, P_j and unique ranks. Jobs without network traffic (comm_s == 0) keep
-    k = 1 and infinite intensity: nothing of theirs can contend on the fabric."""
+    k = 1 and infinite intensity: nothing of theirs can contend on the fabric. Jobs whose
+    figures are only `declared` rank after every measured job, in their own P_j order."""
     n = len(ids)
     k = np.ones(n)
     period = np.maximum(compute_s, (1.0 - overlap) * compute_s + comm_s)
@@ -71,7 +73,8 @@ def assign(ids: Sequence[str], intensity: np.ndarray, compute_s: np.ndarray,
         k[net] = np.clip(ratio, K_MIN, K_MAX)
         k[ref] = 1.0
     prio = k * intensity
-    order = sorted(range(n), key=lambda i: (-prio[i], -intensity[i], ids[i]))
+    unverified = declared if declared is not None else np.zeros(n, dtype=bool)
+    order = sorted(range(n), key=lambda i: (bool(unverified[i]), -prio[i], -intensity[i], ids[i]))
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     return Priorities(k=k, priority=prio, rank=rank, reference=ref)
