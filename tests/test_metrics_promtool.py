@@ -52,7 +52,8 @@ def _stand_ins(metrics: Metrics) -> None:
         registry=SimpleNamespace(jobs=lambda: [job]),
         link=SimpleNamespace(reachable=True, rpc_errors=4),
         table=SimpleNamespace(header=lambda: SimpleNamespace(plan_generation=7)),
-        rejected=1, server=SimpleNamespace(rejected=2))
+        rejected=1, server=SimpleNamespace(rejected=2, timed_out=5, accept_errors=6),
+        dataplane=SimpleNamespace(skipped_files=7))
 
 
 def _rendered() -> str:
@@ -69,6 +70,10 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
     assert types["crux_agent_rejected_total"] == "counter"
     assert "crux_agent_rpc_errors_total 4.0" in text
     assert "crux_agent_rejected_total 3.0" in text
+    for name, value in (("crux_agent_request_timeouts_total", 5.0),
+                        ("crux_agent_accept_errors_total", 6.0),
+                        ("crux_agent_record_files_skipped_total", 7.0)):
+        assert types[name] == "counter" and f"{name} {value}" in text
     assert types["crux_job_intensity_flops_per_second"] == "gauge"
     assert 'crux_job_intensity_flops_per_second{crux_job="GPU_Job-1"} 2.5e+14' in text
     assert 'crux_job_level{crux_job="j2",state="unmeasured"} 0.0' in text

@@ -88,6 +88,15 @@ def _agent_metrics(agent: Agent) -> Iterator[Metric]:
     yield CounterMetricFamily("crux_agent_rejected",
                               "Local-socket requests refused (permission, bad input)",
                               value=agent.rejected + agent.server.rejected)
+    yield CounterMetricFamily("crux_agent_request_timeouts",
+                              "Local-socket requests not read or answered in time",
+                              value=agent.server.timed_out)
+    yield CounterMetricFamily("crux_agent_accept_errors",
+                              "Local-socket accepts that failed (EMFILE and the like)",
+                              value=agent.server.accept_errors)
+    yield CounterMetricFamily("crux_agent_record_files_skipped",
+                              "QP and socket record files refused (hostile or broken)",
+                              value=agent.dataplane.skipped_files)
 
 
 class Metrics:
