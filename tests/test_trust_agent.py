@@ -43,13 +43,17 @@ def qp_record_file(path: Path, pid: int, job: str = "good") -> None:
     path.write_bytes(bytes(buf))
 
 
-# Run in a child: a hang is its timeout, its RSS is its own (ru_maxrss of this process only).
+# Run in a child: a hang is its timeout, its peak RSS its own. VmHWM, not ru_maxrss: Linux
+# carries the spawning process's high-water mark into ru_maxrss across exec (a pytest worker
+# grown to 400 MB made a 57 MB scan look like 396 MB).
 _SCAN = """
-import json, resource, sys
+import json, sys
 from transport.qp_records import read_dir
 live, problems = read_dir(sys.argv[1])
+with open("/proc/self/status") as f:
+    hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
 print(json.dumps({"live": [[r.pid, r.job_id] for r in live], "problems": problems,
-                  "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+                  "maxrss_kib": hwm}))
 """
 
 
