@@ -8,8 +8,10 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,9 +140,17 @@ def test_plaintext_leader_refuses_every_rpc_without_its_token(
 @pytest.mark.root
 def test_a_user_who_cannot_read_the_token_is_refused(pair: tuple[Daemon, str, str]) -> None:
     _, address, url = pair
-    run = subprocess.run([*NOBODY, str(BIN / "cruxctl"), "status", "--json", "--leader",
-                          address], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "HOME": "/nonexistent"})
+    # nobody's own runtime dir, so the run leaves no /tmp/crux-65534 behind for
+    # test_trust_agent's check of that path
+    runtime = Path(tempfile.mkdtemp(prefix="crux-nobody-", dir="/tmp"))
+    os.chown(runtime, 65534, 65534)
+    try:
+        run = subprocess.run([*NOBODY, str(BIN / "cruxctl"), "status", "--json", "--leader",
+                              address], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "HOME": "/nonexistent",
+                                  "XDG_RUNTIME_DIR": str(runtime)})
+    finally:
+        shutil.rmtree(runtime)
     assert run.returncode == 3, run.stderr
     assert "UNAUTHENTICATED" in run.stderr
     assert _rejected(url)[("Status", "unauthenticated")] == 1
