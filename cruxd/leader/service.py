@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +70,23 @@ class Leader(lgrpc.LeaderServicer):
         self._unsaved = asyncio.Event()
         self._save_lock = threading.Lock()
         self._snapshots = self._saved_seq = 0
+        self._high_water = 0  # the highest generation ever published (store.high_water_file)
         self.watchers = 0
         self.hints = LeaderHints(self)
 
     # --- lifecycle ---------------------------------------------------------
     def restore(self) -> None:
-        self.plan = store.load(self.config.leader.state_file, self.state, self.clock())
+        sf = self.config.leader.state_file
+        self.plan = store.load(sf, self.state, self.clock())
+        self._high_water = store.load_high_water(sf)
+        if self.plan is not None and self._high_water > self.plan.generation:
+            # killed after publishing newer plans than the state holds: the restored plan
+            # goes out under a fresh number, never one an agent saw with other content
+            LOG.info("plans up to generation %d were published after the saved %d; serving "
+                     "the saved plan as %d", self._high_water, self.plan.generation,
+                     self._high_water + 1)
+            self.plan = replace(self.plan, generation=self._high_water + 1)
+            self._mark_published(self.plan.generation)
         if self.plan is not None:
             LOG.info("resumed plan generation %d (%d jobs, %d agents) from %s",
                      self.plan.generation, len(self.plan.jobs), len(self.state.agents),
@@ -138,7 +150,7 @@ class Leader(lgrpc.LeaderServicer):
         first = self._first_event or time.monotonic()
         self._first_event = None
         cfg = self.plan_config()
-        gen = (self.plan.generation if self.plan else 0) + 1
+        gen = max(self.plan.generation if self.plan else 0, self._high_water) + 1
         now = self.clock()
         try:
             plan = await asyncio.to_thread(make_plan, plan_inputs(self.state, now), self.topology,
@@ -148,23 +160,30 @@ class Leader(lgrpc.LeaderServicer):
                           self.plan.generation if self.plan else "none")
             return
         plan.latency_s = time.monotonic() - first
-        # Saved before any agent can see it (a WatchPlan opened meanwhile sends self.plan):
-        # a leader killed right after publishing must not restart at the previous
-        # generation and reuse this number for a different plan. (Only when the write
-        # fails, which is logged, can a crash before the next good save still cost the
-        # numbers published since.)
-        await asyncio.to_thread(self._save, self._snapshot(plan))
+        # The number is recorded before any agent can see it (a WatchPlan opened meanwhile
+        # sends self.plan): a leader killed right after publishing must not restart at the
+        # previous generation and reuse this one for a different plan. Only the number: the
+        # whole state (MBs at 1,000 agents) is saved after, off the path to the agents.
+        await asyncio.to_thread(self._mark_published, gen)
         self.plan = plan
         old, self._published = self._published, asyncio.Event()
         old.set()
+        self._unsaved.set()
         LOG.info("plan %d: %d job(s) in %.1f ms after %s", gen, len(plan.jobs),
                  plan.latency_s * 1000, "; ".join(causes[:3]) + (" ..." if len(causes) > 3
                                                                  else ""))
         self._on_plan(plan)
 
+    def _mark_published(self, generation: int) -> None:
+        try:
+            store.save_high_water(self.config.leader.state_file, generation)
+        except OSError as exc:  # logged; only a crash before the next good write can cost
+            LOG.error("cannot record plan generation %d: %s", generation, exc.strerror)
+        self._high_water = max(self._high_water, generation)
+
     async def _persister(self) -> None:
-        """Saves view changes that no plan followed (set `_unsaved`), batched; plans
-        save themselves before they go out."""
+        """Saves the state after changes (set `_unsaved`: view changes and every
+        published plan), batched."""
         while True:
             await self._unsaved.wait()
             await asyncio.sleep(PERSIST_DELAY_S)

@@ -35,6 +35,37 @@ MAX_GENERATION = 1 << 63  # uint64 on the wire, with room to count on for ever
 __all__ = ["load", "snapshot", "write_atomic"]
 
 
+def high_water_file(state_file: Path) -> Path:
+    """Beside the state file: the highest plan generation ever published. A few bytes,
+    written before each plan goes out, so the (large) state can be saved after it."""
+    return state_file.with_name(state_file.name + ".generation")
+
+
+def load_high_water(state_file: Path) -> int:
+    """The highest generation published so far; 0 when unknown or unreadable."""
+    path = high_water_file(state_file)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return 0
+        raw = os.read(fd, 64)
+    finally:
+        os.close(fd)
+    try:
+        gen = json.loads(raw)["generation"]
+    except (ValueError, KeyError, TypeError):
+        LOG.warning("%s is not a generation record; ignored", path)
+        return 0
+    return gen if type(gen) is int and 0 <= gen < MAX_GENERATION else 0
+
+
+def save_high_water(state_file: Path, generation: int) -> None:
+    write_atomic(high_water_file(state_file), {"generation": generation})
+
+
 def snapshot(state: ClusterState, plan: PublishedPlan | None) -> dict[str, Any]:
     return {
         "format": FORMAT,
