@@ -24,6 +24,7 @@ from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
 from cruxd.rpc.local import LocalClient
 from cruxd.testing import BIN, Daemon, crux_run, status, wait_for
+from tests.nobody import as_nobody
 from transport.decision_table import TableReader
 
 pytestmark = pytest.mark.slow
@@ -228,27 +229,10 @@ def test_socket_checks_peer_credentials_even_when_the_file_is_open(tmp_path: Pat
 
 
 def _ask_as_nobody(sock: Path) -> str:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: become nobody, ask, report through the pipe
-        code = 99
-        try:
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            r = LocalClient(sock).call(apb.LocalRequest(jobs=apb.ListJobsRequest()))
-            os.write(write, f"{r.error.code} {r.error.message}".encode())
-            code = 0
-        except BaseException as exc:  # reported through the pipe
-            os.write(write, repr(exc).encode())
-        finally:
-            os._exit(code)
-    os.close(write)
-    _, st = os.waitpid(pid, 0)
-    answer = os.read(read, 4096).decode()
-    os.close(read)
-    assert os.waitstatus_to_exitcode(st) == 0, answer
-    return answer
+    def ask() -> str:
+        r = LocalClient(sock).call(apb.LocalRequest(jobs=apb.ListJobsRequest()))
+        return f"{r.error.code} {r.error.message}"
+    return as_nobody(ask)
 
 
 def test_cruxctl_reports_an_absent_agent_with_exit_3(tmp_path: Path) -> None:

@@ -23,12 +23,12 @@ from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.local import LocalClient, frame
 from cruxd.testing import Daemon, crux_run, status, wait_for
+from tests.nobody import SETPRIV, as_nobody
 from transport import qp_records
 from transport.decision_table import TableReader
 
 pytestmark = pytest.mark.slow
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 def qp_record_file(path: Path, pid: int, job: str = "good") -> None:
@@ -96,7 +96,7 @@ def test_records_owned_by_another_user_are_refused(tmp_path: Path) -> None:
     """nobody may not plant records for root's processes; its own processes' records count."""
     qps = tmp_path / "qps"
     qps.mkdir()
-    sleeper = subprocess.Popen([*NOBODY, "sleep", "600"])
+    sleeper = subprocess.Popen([*SETPRIV, "sleep", "600"])
     try:
         theirs, forged = qps / str(sleeper.pid), qps / str(os.getpid())
         qp_record_file(theirs, sleeper.pid, "nobodys")
@@ -285,29 +285,11 @@ def test_sigkilled_agent_keeps_the_job_registered_last(tmp_path: Path) -> None:
 
 
 def _as_nobody(sock: Path, request: apb.LocalRequest) -> str:
-    """`code message` of `request` sent by a forked child turned nobody (the venv's
-    interpreter may not be executable by nobody, so no setpriv here)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 99
-        try:
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            r = LocalClient(sock).call(request)
-            os.write(write, f"{r.error.code} {r.error.message}".encode())
-            code = 0
-        except BaseException as exc:  # reported through the pipe
-            os.write(write, repr(exc).encode())
-        finally:
-            os._exit(code)
-    os.close(write)
-    _, st = os.waitpid(pid, 0)
-    answer = os.read(read, 4096).decode()
-    os.close(read)
-    assert os.waitstatus_to_exitcode(st) == 0, answer
-    return answer
+    """`code message` of `request` sent by a process turned nobody."""
+    def send() -> str:
+        r = LocalClient(sock).call(request)
+        return f"{r.error.code} {r.error.message}"
+    return as_nobody(send)
 
 
 @pytest.mark.root
@@ -343,28 +325,14 @@ def test_a_job_id_belongs_to_the_user_who_registered_it(tmp_path: Path) -> None:
 def _parse_as_nobody() -> str:
     """What the embedded default does with /tmp/crux-65534 for nobody (no XDG dir)."""
     from cruxd.config.parse import embedded_default
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 99
+
+    def parse() -> str:
         try:
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            try:
-                c = embedded_default(env={"HOME": "/nonexistent"}, euid=65534)
-                os.write(write, f"ok {c.runtime_dir}".encode())
-            except Exception as exc:  # the refusal, reported through the pipe
-                os.write(write, f"{type(exc).__name__}: {exc}".encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
-    _, st = os.waitpid(pid, 0)
-    answer = os.read(read, 4096).decode()
-    os.close(read)
-    assert os.waitstatus_to_exitcode(st) == 0, answer
-    return answer
+            c = embedded_default(env={"HOME": "/nonexistent"}, euid=65534)
+            return f"ok {c.runtime_dir}"
+        except Exception as exc:  # the refusal
+            return f"{type(exc).__name__}: {exc}"
+    return as_nobody(parse)
 
 
 @pytest.mark.root

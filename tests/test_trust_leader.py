@@ -25,11 +25,11 @@ from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
 from cruxd.testing import BIN, Daemon, crux_run, cruxctl, free_port, status, toml, wait_for
+from tests.nobody import SETPRIV
 from tests.tls_certs import CA
 
 pytestmark = pytest.mark.slow
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 READS = {"Status": lpb.StatusRequest(), "GetPlan": lpb.PlanRequest(),
          "GetHints": cpb.HintsRequest(format="spiderflow")}
 
@@ -145,7 +145,7 @@ def test_a_user_who_cannot_read_the_token_is_refused(pair: tuple[Daemon, str, st
     runtime = Path(tempfile.mkdtemp(prefix="crux-nobody-", dir="/tmp"))
     os.chown(runtime, 65534, 65534)
     try:
-        run = subprocess.run([*NOBODY, str(BIN / "cruxctl"), "status", "--json", "--leader",
+        run = subprocess.run([*SETPRIV, str(BIN / "cruxctl"), "status", "--json", "--leader",
                               address], capture_output=True, text=True, timeout=60,
                              env={**os.environ, "HOME": "/nonexistent",
                                   "XDG_RUNTIME_DIR": str(runtime)})
