@@ -4,10 +4,26 @@ leaves the old file or the new one and never half of one."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
+
+
+def read_small(path: Path, limit: int, *, follow: bool = True) -> tuple[bytes, os.stat_result]:
+    """(at most `limit` bytes, the file's stat) of a small regular file: never blocking on a
+    FIFO or device, and through a symlink only when `follow`. OSError otherwise."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return os.read(fd, limit), st
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, doc: dict[str, Any]) -> None:

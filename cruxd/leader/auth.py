@@ -15,7 +15,6 @@ import ipaddress
 import logging
 import os
 import secrets
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import grpc
 
 from cruxd.config.hostport import parse_hostport
 from cruxd.config.model import Config
+from cruxd.config.statefile import read_small
 from cruxd.errors import UsageError
 
 LOG = logging.getLogger(__name__)
@@ -38,17 +38,12 @@ _MAX_TOKEN = 4096  # a token file is 64 hex digits; never read more than this
 def _usable(path: Path) -> str | None:
     """The token in `path` if it is one this leader may keep using, else None."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        raw, st = read_small(path, _MAX_TOKEN, follow=False)
     except OSError:
-        return None  # missing, or a symlink (ELOOP)
-    try:
-        st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()
-                or st.st_mode & 0o007):
-            return None
-        token = os.read(fd, _MAX_TOKEN).decode("ascii", "replace").strip()
-    finally:
-        os.close(fd)
+        return None  # missing, a symlink (ELOOP) or not a regular file
+    if st.st_uid != os.geteuid() or st.st_mode & 0o007:
+        return None
+    token = raw.decode("ascii", "replace").strip()
     return token if len(token) >= 32 and token.isalnum() else None
 
 
@@ -84,15 +79,10 @@ def read_token(path: Path) -> str | None:
     """A client's token from `path` (None if it cannot be read: the call then goes out
     without one and the leader answers UNAUTHENTICATED, which the caller reports)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        raw, _ = read_small(path, _MAX_TOKEN)
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, _MAX_TOKEN).decode("ascii", "replace").strip() or None
-    finally:
-        os.close(fd)
+    return raw.decode("ascii", "replace").strip() or None
 
 
 def call_metadata(path: Path | None) -> tuple[tuple[str, str], ...]:

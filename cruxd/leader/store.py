@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from cruxd.config.statefile import write_atomic
+from cruxd.config.statefile import read_small, write_atomic
 from cruxd.control.cluster import AgentRecord, ClusterState, JobRecord
 from cruxd.control.codec import from_dict, to_dict
 from cruxd.control.host_plans import PublishedPlan
@@ -45,15 +45,9 @@ def load_high_water(state_file: Path) -> int:
     """The highest generation published so far; 0 when unknown or unreadable."""
     path = high_water_file(state_file)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        raw, _ = read_small(path, 64, follow=False)
     except OSError:
         return 0
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return 0
-        raw = os.read(fd, 64)
-    finally:
-        os.close(fd)
     try:
         gen = json.loads(raw)["generation"]
     except (ValueError, KeyError, TypeError):
