@@ -85,3 +85,22 @@ def test_same_tor_is_one_hop_and_same_host_is_none() -> None:
     finder = PathFinder(topo)
     assert finder.candidates("h0", "h1", 0, 0).shape == (1, 2)
     assert finder.candidates("h0", "h0").shape == (0, 0)
+
+
+def test_a_topology_and_its_shared_finder_die_together() -> None:
+    """The leader builds a topology per plan: its cached finder must not keep it alive
+    (a side table keyed by the topology leaked every plan's fabric, about 600 B per host
+    and round in test_trust_leader's purge test)."""
+    import gc
+    import weakref
+
+    from cruxd.model.paths import finder_for
+
+    topo = clos2(2, 2, 2)
+    finder = finder_for(topo)
+    assert finder_for(topo) is finder and finder_for(topo, 4) is not finder
+    finder.candidates(topo.hosts[0], topo.hosts[-1])
+    gone = weakref.ref(topo)
+    del topo, finder
+    gc.collect()
+    assert gone() is None

@@ -22,7 +22,6 @@ at least their product. Same input, same paths.
 
 from __future__ import annotations
 
-import weakref
 from collections import deque
 
 import numpy as np
@@ -170,13 +169,11 @@ class PathFinder:
         raise AssertionError("rank out of range")  # pragma: no cover
 
 
-_FINDERS: weakref.WeakKeyDictionary[Topology, dict[int, PathFinder]] = weakref.WeakKeyDictionary()
-
-
 def finder_for(topo: Topology, max_paths: int = DEFAULT_MAX_PATHS) -> PathFinder:
     """The shared finder of a topology: its caches outlive one plan (topologies are
     immutable, so a re-plan on the same fabric reuses every enumerated path)."""
-    per = _FINDERS.setdefault(topo, {})
-    if max_paths not in per:
-        per[max_paths] = PathFinder(topo, max_paths)
-    return per[max_paths]
+    key = (PathFinder, max_paths)
+    finder = topo.derived.get(key)
+    if not isinstance(finder, PathFinder):
+        finder = topo.derived[key] = PathFinder(topo, max_paths)
+    return finder

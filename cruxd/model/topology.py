@@ -55,6 +55,9 @@ class Topology:
     in_links: dict[str, tuple[int, ...]] = field(repr=False, default_factory=dict)
     capacity: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
     latency_s: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    # structures derived from this topology (model/paths.py's finders), kept on it so that
+    # they die with it: a side table keyed by the topology kept every topology alive
+    derived: dict[object, object] = field(init=False, repr=False, default_factory=dict)
 
     def path_latency(self, path: np.ndarray) -> float:
         """Seconds a path's links add (the alpha of the alpha-beta model)."""
