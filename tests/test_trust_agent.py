@@ -15,13 +15,15 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
-from cruxd.rpc.local import LocalClient, frame
+from cruxd.rpc.local import AgentUnavailable, LocalClient, frame
 from cruxd.testing import Daemon, crux_run, status, wait_for
 from tests.nobody import SETPRIV, as_nobody
 from transport import qp_records
@@ -157,8 +159,11 @@ def _agent(tmp_path: Path, name: str = "h0", **agent: object) -> Daemon:
 
 
 def _refused_then_served(d: Daemon, held: list[socket.socket], code: int, why: str) -> None:
-    reply = LocalClient(d.socket).call(apb.LocalRequest(jobs=apb.ListJobsRequest()))
+    t0 = time.monotonic()
+    reply = LocalClient(d.socket, timeout=1.0).call(apb.LocalRequest(jobs=apb.ListJobsRequest()))
     assert reply.error.code == code and why in reply.error.message, reply
+    assert reply.error.retry_after_ms > 0  # a refusal that passes: the client tried again
+    assert time.monotonic() - t0 >= 0.5, "retried until (almost) its deadline"
     for s in held:
         s.close()
     ok = wait_for("a slot again", lambda: not LocalClient(d.socket).call(
@@ -193,6 +198,75 @@ def test_connections_are_capped_in_all_and_per_user(tmp_path: Path, limits: dict
         assert "refusing pid" in d.log_text()
     finally:
         assert d.stop() == 0
+
+
+def test_a_client_over_the_connection_limit_is_served_once_a_slot_frees(
+        tmp_path: Path) -> None:
+    """A launcher starting every rank at once: the ones over the limit are told to retry,
+    and register within their deadline instead of running without crux."""
+    d = _agent(tmp_path, request_timeout_s=60, max_connections_per_uid=3).start()
+    try:
+        d.wait_log(" applied: ")
+        held = _hold(d, 3)
+        threading.Timer(0.5, lambda: [s.close() for s in held]).start()
+        t0 = time.monotonic()
+        reply = LocalClient(d.socket, timeout=10.0).call(apb.LocalRequest(
+            register=apb.RegisterJob(job_id="late", gpus=1, nnodes=1)))
+        assert reply.WhichOneof("body") == "registered", reply
+        assert 0.4 <= time.monotonic() - t0 < 10.0
+        assert "refusing pid" in d.log_text()
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_full_listen_queue_is_waited_out_within_the_deadline(tmp_path: Path) -> None:
+    """EAGAIN on connect (the agent's listen queue is full) is busy, not absent: the client
+    tries again until its deadline, then names the cause."""
+    path = str(tmp_path / "busy.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(0)
+    queued = []
+    try:
+        for _ in range(8):  # fill the queue (its length is the kernel's backlog + 1)
+            c = socket.socket(socket.AF_UNIX)
+            c.setblocking(False)
+            try:
+                c.connect(path)
+            except BlockingIOError:
+                c.close()
+                break
+            queued.append(c)
+        else:
+            pytest.fail("the listen queue never filled")
+        t0 = time.monotonic()
+        with pytest.raises(AgentUnavailable, match=r"busy \(its listen queue stayed full"):
+            LocalClient(path, timeout=0.5).call(apb.LocalRequest(jobs=apb.ListJobsRequest()))
+        assert time.monotonic() - t0 >= 0.3
+
+        def serve() -> None:  # drain the queue, then answer the client that got in
+            time.sleep(0.3)
+            for c in queued:
+                c.close()
+            while True:
+                conn, _ = srv.accept()
+                with conn:
+                    conn.settimeout(5)
+                    try:
+                        head = conn.recv(4)
+                    except OSError:
+                        continue
+                    if len(head) == 4:
+                        conn.recv(struct.unpack(">I", head)[0])
+                        conn.sendall(frame(apb.LocalReply().SerializeToString()))
+                        return
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        reply = LocalClient(path, timeout=10.0).call(apb.LocalRequest(jobs=apb.ListJobsRequest()))
+        assert reply.WhichOneof("body") is None
+        t.join(5)
+    finally:
+        srv.close()
 
 
 def test_oversized_and_half_sent_requests_are_dropped(tmp_path: Path) -> None:

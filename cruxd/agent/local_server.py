@@ -6,9 +6,10 @@ checked again, since a descriptor can be passed to a process that could not
 have opened the path.
 
 Any allowed user may still be hostile, so what one can make the agent hold is bounded:
-connections in all and per uid (one more is answered RESOURCE_EXHAUSTED and closed), a
-request's size (MAX_REQUEST), and the time to send a whole request or take a reply. Accept
-errors (EMFILE under a flood) back off instead of spinning; each refusal is counted.
+connections in all and per uid (one more is answered RESOURCE_EXHAUSTED with a retry hint,
+and closed; clients try again within their deadline), a request's size (MAX_REQUEST), and
+the time to send a whole request or take a reply. Accept errors (EMFILE under a flood)
+back off instead of spinning; each refusal is counted.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ from cruxd.rpc.local import (
 LOG = logging.getLogger(__name__)
 WARN_EVERY_S = 10.0  # a flood gets one warning per kind this often, and counters
 ACCEPT_BACKOFF_S = (0.01, 1.0)  # first and longest wait after a failed accept (EMFILE)
+# A connection over the limits is told to come back: a launcher starting every rank of a
+# host at once then registers them all (bench/registration.py) instead of most failing open.
+RETRY_AFTER_MS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +188,8 @@ class LocalServer:
                        cred.uid, why, self.refused_connections)
             with contextlib.suppress(OSError):  # best effort: tell it why, never wait
                 conn.setblocking(False)
-                conn.send(frame(error_reply(RESOURCE_EXHAUSTED, why).SerializeToString()))
+                conn.send(frame(error_reply(RESOURCE_EXHAUSTED, why, retry_after_ms=RETRY_AFTER_MS)
+                                .SerializeToString()))
             conn.close()
             return
         self._per_uid[cred.uid] += 1
@@ -245,9 +250,9 @@ class LocalServer:
         return await self._handler(request, cred)
 
 
-def error_reply(code: int, message: str) -> apb.LocalReply:
-    return apb.LocalReply(schema=cpb.SCHEMA_REVISION_CURRENT,
-                          error=apb.Error(code=code, message=message))
+def error_reply(code: int, message: str, retry_after_ms: int = 0) -> apb.LocalReply:
+    return apb.LocalReply(schema=cpb.SCHEMA_REVISION_CURRENT, error=apb.Error(
+        code=code, message=message, retry_after_ms=retry_after_ms))
 
 
 async def _answers(path: Path) -> bool:

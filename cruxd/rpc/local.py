@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import struct
+import time
 from pathlib import Path
 
 import grpc
@@ -27,6 +29,8 @@ PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
 RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 _LEN = struct.Struct(">I")
+RETRY_MAX_MS = 250  # the longest wait between two tries of a refusal that passes
+BUSY_RETRY_MS = 20  # the first wait after a full listen queue
 
 
 class FrameError(CruxError):
@@ -68,11 +72,39 @@ class LocalClient:
         self.timeout = timeout
 
     def call(self, request: apb.LocalRequest) -> apb.LocalReply:
+        """The agent's reply. A busy agent (a refusal with `retry_after_ms`, from its
+        connection limits, or a full listen queue) is tried again with growing, jittered
+        waits until `timeout` has passed in all; the last refusal is returned then."""
         request.schema = cpb.SCHEMA_REVISION_CURRENT
+        deadline = time.monotonic() + self.timeout
+        attempt = 0
+        while True:
+            reply = self._once(request, max(0.05, deadline - time.monotonic()))
+            if reply is None:  # the listen queue was full
+                wait_ms = BUSY_RETRY_MS
+            else:
+                wait_ms = reply.error.retry_after_ms if reply.WhichOneof("body") == "error" \
+                    else 0
+                if not wait_ms:
+                    return reply
+            wait = min(wait_ms * 2 ** attempt, RETRY_MAX_MS) / 1e3 * random.uniform(0.5, 1.5)
+            if time.monotonic() + wait >= deadline:
+                if reply is None:
+                    raise AgentUnavailable(f"the agent at {self.path} is busy (its listen "
+                                           f"queue stayed full for {self.timeout:g} s)")
+                return reply
+            time.sleep(wait)
+            attempt += 1
+
+    def _once(self, request: apb.LocalRequest, timeout: float) -> apb.LocalReply | None:
+        """One exchange; None when the agent's listen queue is full (EAGAIN on connect)."""
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(self.timeout)
-                s.connect(self.path)
+                s.settimeout(timeout)
+                try:
+                    s.connect(self.path)
+                except BlockingIOError:
+                    return None
                 # refused before it read us (too many connections): the reply says why
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     s.sendall(frame(request.SerializeToString()))
@@ -90,7 +122,7 @@ class LocalClient:
                                    "agent's socket_group?)") from None
         except TimeoutError:
             raise AgentUnavailable(f"the agent at {self.path} did not answer in "
-                                   f"{self.timeout:g} s") from None
+                                   f"{timeout:g} s") from None
         except OSError as exc:
             raise AgentUnavailable(f"agent socket {self.path}: {exc.strerror or exc}") from None
 
