@@ -159,11 +159,9 @@ def _agent(tmp_path: Path, name: str = "h0", **agent: object) -> Daemon:
 
 
 def _refused_then_served(d: Daemon, held: list[socket.socket], code: int, why: str) -> None:
-    t0 = time.monotonic()
     reply = LocalClient(d.socket, timeout=1.0).call(apb.LocalRequest(jobs=apb.ListJobsRequest()))
     assert reply.error.code == code and why in reply.error.message, reply
-    assert reply.error.retry_after_ms > 0  # a refusal that passes: the client tried again
-    assert time.monotonic() - t0 >= 0.5, "retried until (almost) its deadline"
+    assert reply.error.retry_after_ms > 0  # a refusal that passes: clients try again
     for s in held:
         s.close()
     ok = wait_for("a slot again", lambda: not LocalClient(d.socket).call(
@@ -209,11 +207,9 @@ def test_a_client_over_the_connection_limit_is_served_once_a_slot_frees(
         d.wait_log(" applied: ")
         held = _hold(d, 3)
         threading.Timer(0.5, lambda: [s.close() for s in held]).start()
-        t0 = time.monotonic()
         reply = LocalClient(d.socket, timeout=10.0).call(apb.LocalRequest(
             register=apb.RegisterJob(job_id="late", gpus=1, nnodes=1)))
         assert reply.WhichOneof("body") == "registered", reply
-        assert 0.4 <= time.monotonic() - t0 < 10.0
         assert "refusing pid" in d.log_text()
     finally:
         assert d.stop() == 0
@@ -239,10 +235,8 @@ def test_a_full_listen_queue_is_waited_out_within_the_deadline(tmp_path: Path) -
             queued.append(c)
         else:
             pytest.fail("the listen queue never filled")
-        t0 = time.monotonic()
         with pytest.raises(AgentUnavailable, match=r"busy \(its listen queue stayed full"):
             LocalClient(path, timeout=0.5).call(apb.LocalRequest(jobs=apb.ListJobsRequest()))
-        assert time.monotonic() - t0 >= 0.3
 
         def serve() -> None:  # drain the queue, then answer the client that got in
             time.sleep(0.3)

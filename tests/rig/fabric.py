@@ -93,6 +93,12 @@ class Fabric:
     hash_seed: int = 0
     hash_fields: tuple[str, ...] = ("src", "dst", "sport", "dport")
     link_mbit: float | None = None
+    # per kind of port, overriding link_mbit: leaf->host, and leaf<->spine (a blocking
+    # fabric has less uplink than host bandwidth under a leaf)
+    host_mbit: float | None = None
+    uplink_mbit: float | None = None
+    dscp_by_level: tuple[int, ...] = (0,)  # strict-priority classes on every shaped port
+    queue_packets: int = 64
     prefix: str = field(default_factory=lambda: f"crx{secrets.token_hex(3)}")
     created: list[str] = field(default_factory=list)
 
@@ -175,7 +181,9 @@ class Fabric:
                          ("net.ipv4.fib_multipath_hash_fields", "0x0037"),
                          # time-exceeded from the address the probe arrived on, not
                          # from the reply's way out: a hop then names its link
-                         ("net.ipv4.icmp_errors_use_inbound_ifaddr", "1")]
+                         ("net.ipv4.icmp_errors_use_inbound_ifaddr", "1"),
+                         # a nexthop whose link is down leaves the ECMP set (set_link)
+                         ("net.ipv4.conf.all.ignore_routes_with_linkdown", "1")]
         for key, val in settings:
             _run("ip", "netns", "exec", name, "sysctl", "-qw", f"{key}={val}")
 
@@ -228,10 +236,25 @@ class Fabric:
                      stdin=self.nft_rules())
         for node, cmds in routes.items():
             _run("ip", "-n", self.ns(node), "-batch", "-", stdin="\n".join(cmds) + "\n")
-        if self.link_mbit is not None:
-            for node, ifnames in self._switch_ports().items():
-                for ifname in ifnames:
-                    self.priority_queues(node, ifname, self.link_mbit, dscp_by_level=[0])
+        for node, ifnames in self._switch_ports().items():
+            for ifname in ifnames:
+                rate = self.port_mbit(node, ifname)
+                if rate is not None:
+                    self.priority_queues(node, ifname, rate, list(self.dscp_by_level),
+                                         self.queue_packets)
+
+    def port_mbit(self, node: str, ifname: str) -> float | None:
+        """The egress rate of a switch port (None: not shaped)."""
+        to_host = node.startswith("l") and ifname.startswith("h")
+        rate = self.host_mbit if to_host else self.uplink_mbit
+        return rate if rate is not None else self.link_mbit
+
+    def set_link(self, leaf: int, spine: int, up: bool) -> None:
+        """Take the cable between a leaf and a spine down (or up), both ends, as a failed
+        link would: `ip link set ... down` on the leaf's and the spine's interface."""
+        state = "up" if up else "down"
+        _run("ip", "-n", self.ns(f"l{leaf}"), "link", "set", self.uplink(leaf, spine), state)
+        _run("ip", "-n", self.ns(f"s{spine}"), "link", "set", f"l{leaf}", state)
 
     def _switch_ports(self) -> dict[str, list[str]]:
         """Every switch's egress interfaces: leaves' host and spine ports, spines' leaf ports."""

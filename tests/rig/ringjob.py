@@ -1,0 +1,146 @@
+"""One rank (host) of an emulated data-parallel training job on the namespace fabric.
+
+Each iteration: the job's "GPUs" compute for `--compute-s` (busy, emulated by waiting);
+once (1 - overlap) of that is done the rank joins a ring all-reduce of `--hop-bytes` per
+iteration with its ring neighbours over TCP; the next iteration starts when both are
+done (docs/scenario.md's iteration model, which the simulator runs too). The all-reduce
+is the real algorithm between hosts: 2(n-1) steps, each sending one chunk to the next rank
+while receiving one from the previous, a step's send waiting for the last step's chunk.
+
+Data goes over plain `socket.connect`, so under `crux-run` the socket interposer gives
+the connection its decided source port and DSCP, as it would NCCL's socket transport.
+Each iteration is one JSON line in `--log`: start, collective start and end, end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+CONNECT_TIMEOUT_S = 60.0
+CHUNK = 1 << 16
+
+
+def _listen(port: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("", port))
+    s.listen(4)
+    return s
+
+
+def _connect(addr: str, port: int) -> socket.socket:
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        try:
+            return socket.create_connection((addr, port), timeout=5)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _recv_exact(s: socket.socket, n: int, buf: bytearray) -> None:
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = s.recv_into(view[got:n], n - got)
+        if not k:
+            raise ConnectionError("the previous rank closed the ring")
+        got += k
+
+
+class Ring:
+    """This rank's two ring connections: to the next rank and from the previous one."""
+
+    def __init__(self, rank: int, peers: list[tuple[str, int]]) -> None:
+        self.n = len(peers)
+        listener = _listen(peers[rank][1])
+        nxt = peers[(rank + 1) % self.n]
+        box: dict[str, socket.socket] = {}
+        t = threading.Thread(target=lambda: box.setdefault("out", _connect(*nxt)))
+        t.start()
+        listener.settimeout(CONNECT_TIMEOUT_S)
+        self.prev, _ = listener.accept()
+        listener.close()
+        t.join()
+        if "out" not in box:
+            raise ConnectionError(f"could not reach the next rank at {nxt[0]}:{nxt[1]}")
+        self.next = box["out"]
+        self.prev.settimeout(None)
+        self.next.settimeout(None)
+
+    def allreduce(self, hop_bytes: int) -> None:
+        steps = 2 * (self.n - 1)
+        chunk = max(1, hop_bytes // steps)
+        payload = bytes(min(chunk, 1 << 20))
+        inbox = bytearray(min(chunk, 1 << 20))
+        for _ in range(steps):
+            sender = threading.Thread(target=self._send, args=(chunk, payload))
+            sender.start()
+            left = chunk
+            while left:
+                k = min(left, len(inbox))
+                _recv_exact(self.prev, k, inbox)
+                left -= k
+            sender.join()
+
+    def _send(self, n: int, payload: bytes) -> None:
+        while n:
+            k = min(n, len(payload))
+            self.next.sendall(payload[:k])
+            n -= k
+
+
+def _collective(ring: Ring, hop_bytes: int, done: list[float]) -> None:
+    ring.allreduce(hop_bytes)
+    done.append(time.time())
+
+
+def run(args: argparse.Namespace) -> None:
+    peers = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in args.peers.split(",")]
+    ring = Ring(args.rank, peers)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    end_at = time.time() + args.duration_s
+    with Path(args.log).open("a", buffering=1) as log:
+        i = 0
+        while not stop.is_set() and time.time() < end_at:
+            t0 = time.time()
+            time.sleep(args.compute_s * (1 - args.overlap))
+            c0 = time.time()
+            done: list[float] = []
+            comm = threading.Thread(target=_collective, args=(ring, args.hop_bytes, done),
+                                    daemon=True)
+            comm.start()
+            time.sleep(max(0.0, t0 + args.compute_s - time.time()))
+            comm.join()
+            if not done:
+                break  # the ring broke (a neighbour left): the job ends
+            log.write(json.dumps({"i": i, "t0": t0, "comm_start": c0, "comm_end": done[0],
+                                  "end": time.time(), "compute_s": args.compute_s}) + "\n")
+            i += 1
+    os._exit(0)  # the neighbours may still be mid-step; closing here ends theirs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--peers", required=True, help="ADDR:PORT of every rank, ring order")
+    p.add_argument("--hop-bytes", type=int, required=True,
+                   help="bytes each ring hop carries per iteration (2(K-1)/K x model bytes)")
+    p.add_argument("--compute-s", type=float, required=True)
+    p.add_argument("--overlap", type=float, default=0.0)
+    p.add_argument("--duration-s", type=float, required=True)
+    p.add_argument("--log", required=True)
+    run(p.parse_args())
+
+
+if __name__ == "__main__":
+    main()
