@@ -5,6 +5,7 @@ spine, and leaves nothing behind."""
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
@@ -48,3 +49,30 @@ def test_ttl_expiry_names_the_spine_a_port_takes() -> None:
             assert spine_of(hops[2]) == spine_of(hops[1]), hops  # leaf 1 names that link
             delta = f.spine_tx_delta("h0", "h1", [port], count=20)
             assert delta.index(max(delta)) == spine_of(hops[1]), (port, hops, delta)
+
+
+def test_a_downed_spine_link_leaves_the_ecmp_set_and_comes_back() -> None:
+    """set_link: with leaf 0's cable to spine 0 down, every port's traffic between the
+    leaves crosses spine 1, both ways (the downed leaf drops the dead nexthop, the other
+    leaf is re-routed); back up, ports spread over both spines again, both ways."""
+    ports = list(range(0xC000, 0xC000 + 64))
+    with Fabric(hosts_per_leaf=1, leaves=2, spines=2) as f:
+        f.set_link(0, 0, up=False)
+        for src, dst in (("h0", "h1"), ("h1", "h0")):
+            down = f.spine_tx_delta(src, dst, ports)
+            assert down[0] == 0 and down[1] >= len(ports), (src, down)
+        f.set_link(0, 0, up=True)
+        for src, dst in (("h0", "h1"), ("h1", "h0")):
+            up = wait_until_spread(f, src, dst, ports)
+            assert all(n > 0 for n in up), (src, up)
+
+
+def wait_until_spread(f: Fabric, src: str, dst: str, ports: list[int]) -> list[int]:
+    """Spine counts once both spines carry some of `ports` again (the route comes back
+    with the link's address, a moment after `ip link set up`)."""
+    for _ in range(50):
+        spread = f.spine_tx_delta(src, dst, ports)
+        if all(n > 0 for n in spread):
+            return spread
+        time.sleep(0.1)
+    return spread

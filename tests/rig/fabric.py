@@ -101,6 +101,7 @@ class Fabric:
     queue_packets: int = 64
     prefix: str = field(default_factory=lambda: f"crx{secrets.token_hex(3)}")
     created: list[str] = field(default_factory=list)
+    down_links: set[tuple[int, int]] = field(default_factory=set)  # (leaf, spine), set_link
 
     def __post_init__(self) -> None:
         if not 1 <= self.spines <= MAX_SPINES:
@@ -250,11 +251,34 @@ class Fabric:
         return rate if rate is not None else self.link_mbit
 
     def set_link(self, leaf: int, spine: int, up: bool) -> None:
-        """Take the cable between a leaf and a spine down (or up), both ends, as a failed
-        link would: `ip link set ... down` on the leaf's and the spine's interface."""
+        """Take the cable between a leaf and a spine down (or back up), both ends, as a
+        failed link would, and converge routing the way a fabric's BGP would: every other
+        leaf stops (or resumes) sending this leaf's hosts' traffic over that spine, and the
+        spine's route back to them returns with the link. Main-table ECMP only."""
+        if self.ecmp != "kernel":
+            raise RigError("set_link re-routes the kernel's ECMP only (ecmp='kernel')")
         state = "up" if up else "down"
         _run("ip", "-n", self.ns(f"l{leaf}"), "link", "set", self.uplink(leaf, spine), state)
         _run("ip", "-n", self.ns(f"s{spine}"), "link", "set", f"l{leaf}", state)
+        (self.down_links.discard if up else self.down_links.add)((leaf, spine))
+        hosts = [h for h in self.host_names if self.leaf_of(h) == leaf]
+        if up:
+            _run("ip", "-n", self.ns(f"s{spine}"), "-batch", "-", stdin="".join(
+                f"route replace 10.2.{int(h[1:])}.0/24 via 10.3.{leaf * MAX_SPINES + spine}.1\n"
+                for h in hosts))
+        for other in range(self.leaves):
+            if other == leaf:
+                continue
+            alive = [s for s in range(self.spines)
+                     if (leaf, s) not in self.down_links and (other, s) not in self.down_links]
+            if not alive:
+                cmds = [f"route del 10.2.{int(h[1:])}.0/24" for h in hosts]
+            else:
+                hops = " ".join(f"nexthop via 10.3.{other * MAX_SPINES + s}.2" for s in alive)
+                cmds = [f"route replace 10.2.{int(h[1:])}.0/24 {hops}" for h in hosts]
+            subprocess.run(["ip", "-n", self.ns(f"l{other}"), "-force", "-batch", "-"],
+                           input="\n".join(cmds) + "\n", capture_output=True, text=True,
+                           timeout=60)
 
     def _switch_ports(self) -> dict[str, list[str]]:
         """Every switch's egress interfaces: leaves' host and spine ports, spines' leaf ports."""

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 CONNECT_TIMEOUT_S = 60.0
-CHUNK = 1 << 16
 
 
 def _listen(port: int) -> socket.socket:
