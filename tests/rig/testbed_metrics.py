@@ -1,0 +1,49 @@
+"""GPU utilisation from the emulated jobs' iteration logs (tests/rig/ringjob.py).
+
+A rank's GPUs are busy during each iteration's compute, [t0, t0 + compute_s]. A job's
+utilisation over a window is its ranks' mean busy time over the window's length, and the
+cluster's is the GPU-weighted mean over jobs: sum of compute GPU-seconds over allocated
+GPU-seconds, the seed's §2.3 goal and what `cruxd/sim` reports.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+Logs = list[list[dict[str, float]]]  # per rank, its iterations
+
+
+@dataclass(frozen=True)
+class JobStats:
+    utilization: float
+    iteration_s: float  # median over the window's whole iterations, rank 0
+    iterations: int
+
+
+def window_of(logs: dict[str, Logs], warmup_s: float) -> tuple[float, float]:
+    """From `warmup_s` after the last job's first iteration to the first job's last end."""
+    starts = [ranks[0][0]["t0"] for ranks in logs.values() if ranks and ranks[0]]
+    ends = [min(r[-1]["end"] for r in ranks if r) for ranks in logs.values()
+            if ranks and all(ranks)]
+    if not starts or not ends:
+        return (0.0, 0.0)
+    return (max(starts) + warmup_s, min(ends))
+
+
+def busy(iterations: list[dict[str, float]], lo: float, hi: float) -> float:
+    return sum(max(0.0, min(hi, it["t0"] + it["compute_s"]) - max(lo, it["t0"]))
+               for it in iterations)
+
+
+def job_stats(ranks: Logs, lo: float, hi: float) -> JobStats:
+    if hi <= lo or not ranks or not all(ranks):
+        return JobStats(0.0, float("nan"), 0)
+    util = statistics.fmean(busy(r, lo, hi) / (hi - lo) for r in ranks)
+    inside = [it["end"] - it["t0"] for it in ranks[0] if it["t0"] >= lo and it["end"] <= hi]
+    return JobStats(util, statistics.median(inside) if inside else float("nan"), len(inside))
+
+
+def cluster_utilization(stats: dict[str, JobStats], gpus: dict[str, int]) -> float:
+    total = sum(gpus[j] for j in stats)
+    return sum(s.utilization * gpus[j] for j, s in stats.items()) / total if total else 0.0
