@@ -9,8 +9,9 @@ HTB strict-priority queues on every switch port; link rates and the jobs' bytes 
 scaled by `--scale` together, compute times are not (tests/rig/testbed.py). Each job is
 one `tests/rig/ringjob.py` process per host: compute, then a ring all-reduce over TCP.
 
-Modes built so far: `standalone` (each job alone: the ideal) and `ecmp` (no cruxd). The
-`crux` modes, churn and link failure are not built yet (issue 18).
+Modes built so far: `standalone` (each job alone: the ideal), `ecmp` (no cruxd) and
+`crux-hints` (cruxd everywhere, jobs declaring their profiles; tests/rig/testbed_crux.py).
+The live-measurement `crux` mode, churn and link failure are not built yet (issue 18).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from cruxd.scenario.simulation import simulation_of
 from cruxd.sim.run import simulate
 from tests.rig.fabric import can_build
 from tests.rig.testbed import Layout, run_mode
+from tests.rig.testbed_crux import run_crux_hints
 from tests.rig.testbed_metrics import (
     JobStats,
     cluster_utilization,
@@ -39,7 +41,7 @@ from tests.rig.testbed_metrics import (
     window_of,
 )
 
-MODES = ("standalone", "ecmp")
+MODES = ("standalone", "ecmp", "crux-hints")
 SIM_POLICY = {"standalone": "standalone", "ecmp": "ecmp", "crux": "crux-full",
               "crux-hints": "crux-full"}
 
@@ -64,8 +66,12 @@ def simulated(path: str, duration_s: float) -> dict[str, dict[str, Any]]:
 
 
 def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
-            warmup_s: float) -> dict[str, Any]:
-    logs = run_mode(layout, mode, workdir, duration_s)
+            warmup_s: float, levels: int) -> dict[str, Any]:
+    plan: dict[str, Any] = {}
+    if mode == "crux-hints":
+        logs, plan = run_crux_hints(layout, workdir, duration_s, levels)
+    else:
+        logs = run_mode(layout, mode, workdir, duration_s)
     gpus = {j.id: j.gpus for j in layout.jobs}
     stats: dict[str, JobStats] = {}
     if mode == "standalone":  # each job's own window
@@ -77,7 +83,8 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
         stats = {jid: job_stats(ranks, lo, hi) for jid, ranks in logs.items()}
     return {"utilization": cluster_utilization(stats, gpus),
             "jobs": {jid: {"utilization": s.utilization, "iteration_s": s.iteration_s,
-                           "iterations": s.iterations, "gpus": gpus[jid]}
+                           "iterations": s.iterations, "gpus": gpus[jid],
+                           **({"level": plan[jid].get("level", 0)} if jid in plan else {})}
                      for jid, s in stats.items()}}
 
 
@@ -100,7 +107,8 @@ def main() -> int:
         print(f"testbed: cannot build the fabric: {why}", file=sys.stderr)
         return 2
     try:
-        layout = Layout.of(load_scenario(args.scenario), args.scale)
+        sc = load_scenario(args.scenario)
+        layout = Layout.of(sc, args.scale)
         sim = simulated(args.scenario, args.duration)
     except CruxError as exc:
         print(f"testbed: {exc}", file=sys.stderr)
@@ -113,7 +121,7 @@ def main() -> int:
     result: dict[str, Any] = {"scenario": args.scenario, "scale": args.scale, "modes": {}}
     with tempfile.TemporaryDirectory(prefix="crux-testbed-") as tmp:
         for mode in modes:
-            m = measure(layout, mode, Path(tmp), args.duration, args.warmup)
+            m = measure(layout, mode, Path(tmp), args.duration, args.warmup, sc.config.levels)
             m["simulated"] = {"utilization": sim[SIM_POLICY[mode]]["utilization"],
                               "jobs": sim[SIM_POLICY[mode]]["jobs"]}
             result["modes"][mode] = m

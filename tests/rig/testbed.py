@@ -40,6 +40,9 @@ class EmuJob:
     overlap: float
     hop_bytes: int  # per ring hop and iteration, scaled
     arrival_s: float = 0.0
+    flops: float = 0.0  # W_j, what crux-hints declares
+    model_bytes: float = 0.0  # unscaled, what crux-hints declares
+    host_gpus: tuple[int, ...] = ()  # GPUs on each host of the ring
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,10 @@ class Layout:
                 used[h] = j.id
             hop = max((f.bytes for f in j.flows), default=0.0)
             jobs.append(EmuJob(j.id, tuple(host_map[h] for h in ring), j.gpus, j.compute_s,
-                               j.overlap, int(hop * scale), timing[j.id].arrival_s))
+                               j.overlap, int(hop * scale), timing[j.id].arrival_s, j.flops,
+                               # a ring hop carries 2(K-1)/K of the model over K GPUs
+                               hop * j.gpus / (2 * max(1, j.gpus - 1)),
+                               tuple(g for _, g in j.hosts)))
         return Layout(len(tors), sizes.pop(), len(aggs), host_gbps.pop() * 1e3 * scale,
                       up.pop() * 1e3 * scale, tuple(jobs), host_map, scale)
 
