@@ -69,9 +69,9 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
             warmup_s: float, levels: int) -> dict[str, Any]:
     plan: dict[str, Any] = {}
     if mode == "crux-hints":
-        logs, plan = run_crux_hints(layout, workdir, duration_s, levels)
+        logs, carried, plan = run_crux_hints(layout, workdir, duration_s, levels)
     else:
-        logs = run_mode(layout, mode, workdir, duration_s)
+        logs, carried = run_mode(layout, mode, workdir, duration_s)
     gpus = {j.id: j.gpus for j in layout.jobs}
     stats: dict[str, JobStats] = {}
     if mode == "standalone":  # each job's own window
@@ -84,7 +84,9 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
     return {"utilization": cluster_utilization(stats, gpus),
             "jobs": {jid: {"utilization": s.utilization, "iteration_s": s.iteration_s,
                            "iterations": s.iterations, "gpus": gpus[jid],
-                           **({"level": plan[jid].get("level", 0)} if jid in plan else {})}
+                           **({"level": plan[jid].get("level", 0)} if jid in plan else {}),
+                           "spine_bytes": {f"{a}->{b}": c for (a, b), c in
+                                           carried.get(jid, {}).items()}}
                      for jid, s in stats.items()}}
 
 

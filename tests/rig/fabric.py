@@ -327,18 +327,21 @@ class Fabric:
             return read()
 
     @contextmanager
-    def uplink_counts(self, src: str, dst: str, sports: list[int], proto: str = "udp",
-                      dport: int = 4791) -> Iterator[Callable[[], list[int]]]:
-        """While open, count per uplink of `src`'s leaf the packets from `src` to `dst`
-        with protocol `proto` ("udp" or "tcp"), a source port in `sports` and
-        destination port `dport` (nft forward-chain counters: only that flow's packets);
-        yields a function returning the counts so far, one per spine. Needs nft."""
+    def uplink_counts(self, src: str, dst: str, sports: list[int] | None, proto: str = "udp",
+                      dport: int = 4791, what: str = "packets",
+                      ) -> Iterator[Callable[[], list[int]]]:
+        """While open, count per uplink of `src`'s leaf the packets (or `what="bytes"`)
+        from `src` to `dst` with protocol `proto` ("udp" or "tcp"), a source port in
+        `sports` (None: any) and destination port `dport` (nft forward-chain counters:
+        only that flow's packets); yields a function returning the counts so far, one
+        per spine. Needs nft."""
         if proto not in ("udp", "tcp"):
             raise ValueError("proto must be 'udp' or 'tcp'")
         leaf = self.leaf_of(src)
         ns = self.ns(f"l{leaf}")
+        ports = f"{proto} sport {{ {', '.join(map(str, sports))} }} " if sports else ""
         match = (f"ip saddr {self.address(src)} ip daddr {self.address(dst)} "
-                 f"{proto} sport {{ {', '.join(map(str, sports))} }} {proto} dport {dport}")
+                 f"meta l4proto {proto} {ports}{proto} dport {dport}")
         rules = "\n".join(f'        oifname "{self.uplink(leaf, s)}" {match} counter'
                            for s in range(self.spines))
         table = f"crux_count_{secrets.token_hex(3)}"  # several may be open at once
@@ -350,7 +353,7 @@ class Fabric:
         def read() -> list[int]:
             listing = json.loads(_run("ip", "netns", "exec", ns, "nft", "-j", "list",
                                       "table", "ip", table))
-            counts = [next(e["counter"]["packets"] for e in item["rule"]["expr"]
+            counts = [next(e["counter"][what] for e in item["rule"]["expr"]
                            if "counter" in e)
                       for item in listing["nftables"] if "rule" in item]
             if len(counts) != self.spines:

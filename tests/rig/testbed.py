@@ -14,11 +14,13 @@ mode and returns their iteration logs:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,12 +176,36 @@ def read_logs(logdir: Path, job: EmuJob) -> list[list[dict[str, float]]]:
     return out
 
 
+Hop = tuple[str, str]  # (src host, dst host) of a ring hop
+SpineBytes = dict[str, dict[Hop, list[int]]]  # per job and hop between leaves, per spine
+
+
+@contextlib.contextmanager
+def spine_bytes(f: Fabric, jobs: tuple[EmuJob, ...]) -> Iterator[Callable[[], SpineBytes]]:
+    """While open, count the bytes of every job's ring hops between leaves on each spine
+    (nft counters on the sending leaf's uplinks, by addresses and the ring port)."""
+    with contextlib.ExitStack() as stack:
+        readers: dict[str, dict[Hop, Callable[[], list[int]]]] = {}
+        for job in jobs:
+            for a, b in zip(job.hosts, job.hosts[1:] + job.hosts[:1], strict=True):
+                if f.leaf_of(a) != f.leaf_of(b):
+                    readers.setdefault(job.id, {})[(a, b)] = stack.enter_context(
+                        f.uplink_counts(a, b, None, "tcp", RING_PORT, what="bytes"))
+        yield lambda: {j: {hop: read() for hop, read in hops.items()}
+                       for j, hops in readers.items()}
+
+
+Logs = dict[str, list[list[dict[str, float]]]]
+
+
 def run_mode(layout: Layout, mode: str, workdir: Path, duration_s: float,
-             progress: bool = True) -> dict[str, list[list[dict[str, float]]]]:
-    """Iteration logs per job for `mode` ("standalone" or "ecmp"), times in epoch seconds."""
+             progress: bool = True) -> tuple[Logs, SpineBytes]:
+    """Iteration logs per job for `mode` ("standalone" or "ecmp"), times in epoch seconds,
+    and the bytes each job's hops put on each spine (ecmp; empty for standalone)."""
     logdir = workdir / mode
     logdir.mkdir(parents=True, exist_ok=True)
-    logs: dict[str, list[list[dict[str, float]]]] = {}
+    logs: Logs = {}
+    carried: SpineBytes = {}
     with layout.fabric() as f:
         if mode == "standalone":
             for job in layout.jobs:
@@ -192,9 +218,12 @@ def run_mode(layout: Layout, mode: str, workdir: Path, duration_s: float,
             if progress:
                 print(f"[testbed] ecmp: {len(layout.jobs)} jobs for {duration_s:g} s",
                       file=sys.stderr, flush=True)
-            procs = [p for job in layout.jobs for p in start_job(f, job, logdir, duration_s)]
-            wait_jobs(procs, duration_s + 90)
+            with spine_bytes(f, layout.jobs) as read:
+                procs = [p for job in layout.jobs
+                         for p in start_job(f, job, logdir, duration_s)]
+                wait_jobs(procs, duration_s + 90)
+                carried = read()
             logs = {job.id: read_logs(logdir, job) for job in layout.jobs}
         else:
             raise UsageError(f"unknown mode {mode!r}")
-    return logs
+    return logs, carried

@@ -19,7 +19,17 @@ from typing import Any
 from cruxd.scheduler.dscp import level_dscp
 from cruxd.testing import BIN, Daemon, crux_run, running, status, wait_for
 from tests.rig.fabric import Fabric
-from tests.rig.testbed import RING_PORT, EmuJob, Layout, read_logs, start_job, wait_jobs
+from tests.rig.testbed import (
+    RING_PORT,
+    EmuJob,
+    Layout,
+    Logs,
+    SpineBytes,
+    read_logs,
+    spine_bytes,
+    start_job,
+    wait_jobs,
+)
 
 LEADER_PORT = 7470
 
@@ -65,9 +75,9 @@ def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...]) -> dict[str, Any] | N
 
 
 def run_crux_hints(layout: Layout, workdir: Path, duration_s: float, levels: int,
-                   progress: bool = True) -> tuple[dict[str, list[list[dict[str, float]]]],
-                                                   dict[str, Any]]:
-    """Iteration logs per job, and the leader's view of each job when the ranks started."""
+                   progress: bool = True) -> tuple[Logs, SpineBytes, dict[str, Any]]:
+    """Iteration logs per job, the bytes each job's hops put on each spine, and the
+    leader's view of each job (levels, routes) when the ranks started."""
     logdir = workdir / "crux-hints"
     logdir.mkdir(parents=True, exist_ok=True)
     dscp = level_dscp(levels)
@@ -90,13 +100,14 @@ def run_crux_hints(layout: Layout, workdir: Path, duration_s: float, levels: int
             if progress:
                 print(f"[testbed] crux-hints: planned after {time.monotonic() - t0:.1f} s; "
                       f"jobs for {duration_s:g} s", file=sys.stderr, flush=True)
-            wrap = {}
-            procs = []
-            for job in layout.jobs:
-                wrap = {host: [str(BIN / "crux-run"), "--socket", str(sock[host]),
-                               "--job-id", job.id, *_hints(job, rank), "--"]
-                        for rank, host in enumerate(job.hosts)}
-                procs += start_job(f, job, logdir, duration_s, wrap)
-            wait_jobs(procs, duration_s + 90)
+            with spine_bytes(f, layout.jobs) as read:
+                procs = []
+                for job in layout.jobs:
+                    wrap = {host: [str(BIN / "crux-run"), "--socket", str(sock[host]),
+                                   "--job-id", job.id, *_hints(job, rank), "--"]
+                            for rank, host in enumerate(job.hosts)}
+                    procs += start_job(f, job, logdir, duration_s, wrap)
+                wait_jobs(procs, duration_s + 90)
+                carried = read()
             logs = {job.id: read_logs(logdir, job) for job in layout.jobs}
-    return logs, plan
+    return logs, carried, plan

@@ -1,0 +1,74 @@
+"""The emulated testbed's pure parts: a scenario's fabric mapped onto the rig (what it
+builds, what it refuses and why), and utilisation from iteration logs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cruxd.errors import UsageError
+from cruxd.scenario import load_scenario
+from tests.paths import REPO
+from tests.rig.testbed import Layout
+from tests.rig.testbed_metrics import busy, cluster_utilization, job_stats, window_of
+
+FIG19 = REPO / "examples" / "testbed-fig19-rig.json"
+
+
+def test_the_fig19_example_maps_onto_four_leaves_and_two_spines() -> None:
+    lay = Layout.of(load_scenario(FIG19), scale=1e-3)
+    assert (lay.leaves, lay.hosts_per_leaf, lay.spines) == (4, 3, 2)
+    assert (lay.host_mbit, lay.uplink_mbit) == pytest.approx((400.0, 200.0))
+    gpt = next(j for j in lay.jobs if j.id == "gpt-32")
+    assert gpt.hosts == ("h0", "h3", "h6", "h9") and gpt.gpus == 32
+    # a hop carries 2(K-1)/K of the model, scaled like the links: 2 * 31/32 * 5.2 MB
+    assert gpt.hop_bytes == pytest.approx(2 * 31 / 32 * 5.2e6, rel=1e-6)
+    assert gpt.model_bytes == pytest.approx(5.2e9)
+    assert {h for j in lay.jobs for h in j.hosts} == {f"h{k}" for k in range(12)}
+
+
+def _scenario(tmp_path: Path, topology: dict[str, object],
+              jobs: list[dict[str, object]]) -> Path:
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps({"version": 1, "name": "s", "topology": topology, "jobs": jobs}))
+    return p
+
+
+def _ring(jid: str, hosts: list[str]) -> dict[str, object]:
+    return {"id": jid, "hosts": hosts, "gpus_per_host": 4, "compute_s": 0.3,
+            "pattern": "ring_allreduce", "bytes": 1e9}
+
+
+@pytest.mark.parametrize(("topology", "jobs", "why"), [
+    ({"builder": "testbed96"}, [_ring("a", ["h0", "h2"])], "one NIC link"),
+    ({"builder": "clos2", "tors": 2, "aggs": 2, "hosts_per_tor": 2, "nics_per_host": 1},
+     [_ring("a", ["h0", "h2"]), _ring("b", ["h2", "h3"])], "one job per host"),
+    ({"builder": "double_sided", "hosts_per_pod": 2}, [_ring("a", ["h0", "h1"])],
+     "two switch tiers"),
+])
+def test_what_the_rig_cannot_build_is_refused_with_the_reason(
+        tmp_path: Path, topology: dict[str, object], jobs: list[dict[str, object]],
+        why: str) -> None:
+    with pytest.raises(UsageError, match=why):
+        Layout.of(load_scenario(_scenario(tmp_path, topology, jobs)))
+
+
+def _its(t0: float, n: int, period: float, compute: float) -> list[dict[str, float]]:
+    return [{"t0": t0 + i * period, "end": t0 + (i + 1) * period, "compute_s": compute}
+            for i in range(n)]
+
+
+def test_utilisation_is_compute_over_wall_time_inside_the_window() -> None:
+    a = [_its(0.0, 10, 2.0, 1.5), _its(0.0, 10, 2.0, 1.5)]  # 75 % busy
+    b = [_its(1.0, 30, 0.5, 0.5)]  # never waits
+    lo, hi = window_of({"a": a, "b": b}, warmup_s=2.0)
+    assert (lo, hi) == (3.0, 16.0)  # b ends first
+    sa, sb = job_stats(a, lo, hi), job_stats(b, lo, hi)
+    assert sb.utilization == pytest.approx(1.0)
+    assert busy(a[0], 4.0, 8.0) == pytest.approx(3.0)  # two whole computes
+    assert sa.iteration_s == pytest.approx(2.0) and sa.iterations == 6
+    assert sa.utilization == pytest.approx((0.5 + 6 * 1.5) / 13)  # a part, then 6 whole
+    assert cluster_utilization({"a": sa, "b": sb}, {"a": 3, "b": 1}) == pytest.approx(
+        (3 * sa.utilization + 1.0) / 4)
