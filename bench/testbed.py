@@ -9,14 +9,15 @@ HTB strict-priority queues on every switch port; link rates and the jobs' bytes 
 scaled by `--scale` together, compute times are not (tests/rig/testbed.py). Each job is
 one `tests/rig/ringjob.py` process per host: compute, then a ring all-reduce over TCP.
 
-Modes built so far: `standalone` (each job alone: the ideal), `ecmp` (no cruxd) and
-`crux-hints` (cruxd everywhere, jobs declaring their profiles; tests/rig/testbed_crux.py).
-The live-measurement `crux` mode, churn and link failure are not built yet (issue 18).
+Modes: `standalone` (each job alone: the ideal), `ecmp` (no cruxd), `crux` (cruxd on every
+host measuring every job live, W_j from replayed GPUs) and `crux-hints` (jobs declare their
+profiles); see tests/rig/testbed_crux.py. Churn and link failure are not built yet.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -33,7 +34,7 @@ from cruxd.scenario.simulation import simulation_of
 from cruxd.sim.run import simulate
 from tests.rig.fabric import can_build
 from tests.rig.testbed import Layout, run_mode
-from tests.rig.testbed_crux import run_crux_hints
+from tests.rig.testbed_crux import run_crux
 from tests.rig.testbed_metrics import (
     JobStats,
     cluster_utilization,
@@ -41,7 +42,7 @@ from tests.rig.testbed_metrics import (
     window_of,
 )
 
-MODES = ("standalone", "ecmp", "crux-hints")
+MODES = ("standalone", "ecmp", "crux", "crux-hints")
 SIM_POLICY = {"standalone": "standalone", "ecmp": "ecmp", "crux": "crux-full",
               "crux-hints": "crux-full"}
 
@@ -68,8 +69,8 @@ def simulated(path: str, duration_s: float) -> dict[str, dict[str, Any]]:
 def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
             warmup_s: float, levels: int) -> dict[str, Any]:
     plan: dict[str, Any] = {}
-    if mode == "crux-hints":
-        logs, carried, plan = run_crux_hints(layout, workdir, duration_s, levels)
+    if mode in ("crux", "crux-hints"):
+        logs, carried, plan = run_crux(layout, workdir, duration_s, levels, live=mode == "crux")
     else:
         logs, carried = run_mode(layout, mode, workdir, duration_s)
     gpus = {j.id: j.gpus for j in layout.jobs}
@@ -93,12 +94,16 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("scenario", help="a scenario file (docs/scenario.md)")
-    p.add_argument("--mode", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
+    p.add_argument("--mode", default="standalone,ecmp,crux",
+                   help=f"comma list of {', '.join(MODES)} (standalone,ecmp,crux)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds per mode (60)")
     p.add_argument("--warmup", type=float, default=10.0,
                    help="seconds left out at the start of each window (10)")
     p.add_argument("--scale", type=float, default=1e-3,
                    help="link rates and bytes x this (1e-3: Gbit/s to Mbit/s)")
+    p.add_argument("--workdir", metavar="DIR",
+                   help="keep the jobs' logs and the daemons' configs and logs here "
+                        "(default: a temporary directory, removed)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     args = p.parse_args()
     modes = [m for m in args.mode.split(",") if m]
@@ -121,7 +126,8 @@ def main() -> int:
               f"{layout.spines} spines; host links {layout.host_mbit:g} Mbit/s, uplinks "
               f"{layout.uplink_mbit:g} Mbit/s (scale {args.scale:g})", flush=True)
     result: dict[str, Any] = {"scenario": args.scenario, "scale": args.scale, "modes": {}}
-    with tempfile.TemporaryDirectory(prefix="crux-testbed-") as tmp:
+    with (contextlib.nullcontext(args.workdir) if args.workdir
+          else tempfile.TemporaryDirectory(prefix="crux-testbed-")) as tmp:
         for mode in modes:
             m = measure(layout, mode, Path(tmp), args.duration, args.warmup, sc.config.levels)
             m["simulated"] = {"utilization": sim[SIM_POLICY[mode]]["utilization"],

@@ -21,7 +21,7 @@ from tests.rig.fabric import can_build, can_build_jhash
 from tests.rig.probe import spine_of as spine_of_hop
 from tests.rig.tcp import can_listen
 from tests.rig.testbed import Layout, SpineBytes, run_mode
-from tests.rig.testbed_crux import run_crux_hints
+from tests.rig.testbed_crux import run_crux
 from tests.rig.testbed_metrics import cluster_utilization, job_stats, window_of
 from transport import native
 
@@ -86,8 +86,8 @@ def test_crux_beats_ecmp_and_each_job_keeps_to_its_planned_spine(tmp_path: Path)
         print(f"ecmp run {attempt}: the big job had its spines to itself; again")
     ecmp = utilization(layout, logs)
 
-    logs, carried, plan = run_crux_hints(layout, tmp_path / "crux", DURATION_S, levels=3,
-                                         progress=False)
+    logs, carried, plan = run_crux(layout, tmp_path / "crux", DURATION_S, levels=3,
+                                   live=False, progress=False)
     crux = utilization(layout, logs)
     print(f"cluster GPU utilisation: ecmp {ecmp:.3f}, crux-hints {crux:.3f}; "
           f"levels {({j: plan[j].get('level', 0) for j in plan})}")

@@ -141,6 +141,7 @@ def start_job(f: Fabric, job: EmuJob, logdir: Path, duration_s: float,
               wrap: dict[str, list[str]] | None = None) -> list[subprocess.Popen[bytes]]:
     """The job's ranks, one per host; `wrap[host]` prefixes a rank's command (crux-run)."""
     peers = ",".join(f"{f.address(h)}:{RING_PORT}" for h in job.hosts)
+    logdir.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank, host in enumerate(job.hosts):
         log = logdir / f"{job.id}.{rank}.jsonl"
