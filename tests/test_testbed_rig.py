@@ -75,7 +75,7 @@ def utilization(layout: Layout, logs: dict[str, list[list[dict[str, float]]]]) -
 def test_crux_beats_ecmp_and_each_job_keeps_to_its_planned_spine(tmp_path: Path) -> None:
     layout = Layout.of(load_scenario(scenario(tmp_path)))
     for attempt in range(4):
-        logs, carried = run_mode(layout, "ecmp", tmp_path / f"ecmp{attempt}", DURATION_S,
+        logs, carried = run_mode(layout, "ecmp", tmp_path / f"e{attempt}", DURATION_S,
                                  progress=False)
         spines = {j: spine_of(carried, j) for j in ("big", "s1", "s2")}
         shared = any(spines["big"][hop] == spines[s][other]
@@ -86,7 +86,7 @@ def test_crux_beats_ecmp_and_each_job_keeps_to_its_planned_spine(tmp_path: Path)
         print(f"ecmp run {attempt}: the big job had its spines to itself; again")
     ecmp = utilization(layout, logs)
 
-    logs, carried, plan = run_crux(layout, tmp_path / "crux", DURATION_S, levels=3,
+    logs, carried, plan = run_crux(layout, tmp_path / "c", DURATION_S, levels=3,
                                    live=False, progress=False)
     crux = utilization(layout, logs)
     print(f"cluster GPU utilisation: ecmp {ecmp:.3f}, crux-hints {crux:.3f}; "

@@ -15,6 +15,7 @@ Each iteration is one JSON line in `--log`: start, collective start and end, end
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -55,42 +56,96 @@ def _recv_exact(s: socket.socket, n: int, buf: bytearray) -> None:
         got += k
 
 
+class Decisions:
+    """This rank's decision toward its next rank, as crux-run's table holds it
+    (CRUX_DECISION_TABLE, CRUX_JOB_ID), to notice when the plan changed it. Without a
+    table (no crux) it never changes."""
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+        self.reader = None
+        table, self.job = os.environ.get("CRUX_DECISION_TABLE"), os.environ.get("CRUX_JOB_ID")
+        if table and self.job:
+            from transport.decision_table import TableReader
+            with contextlib.suppress(Exception):  # fail open, as the shim does
+                self.reader = TableReader(table)
+        self.at_connect = self.now()
+
+    def now(self) -> tuple[int, tuple[int, ...], int] | None:
+        if self.reader is None or self.job is None:
+            return None
+        try:
+            d = self.reader.lookup(self.job, self.peer)
+        except Exception:  # a damaged table: keep what we have
+            return self.at_connect
+        return None if d is None else (d.dscp, tuple(d.tcp_sports), d.tcp_dport)
+
+    def changed(self) -> bool:
+        return self.now() != self.at_connect
+
+
 class Ring:
-    """This rank's two ring connections: to the next rank and from the previous one."""
+    """This rank's two ring connections: to the next rank and from the previous one.
+
+    Every all-reduce step's message starts with one byte: whether any rank seen so far
+    wants to reconnect because the plan changed its decision. After n-1 steps every rank
+    knows every vote, so all of them rebuild the ring after the same iteration, and the
+    new connections take the new decisions (TCP decisions apply at connect)."""
 
     def __init__(self, rank: int, peers: list[tuple[str, int]]) -> None:
         self.n = len(peers)
-        listener = _listen(peers[rank][1])
-        nxt = peers[(rank + 1) % self.n]
+        self.listener = _listen(peers[rank][1])
+        self.listener.settimeout(CONNECT_TIMEOUT_S)
+        self.nxt = peers[(rank + 1) % self.n]
+        self.decisions = Decisions(self.nxt[0])
+        self.reconnects = 0
+        self._connect()
+
+    def _connect(self) -> None:
         box: dict[str, socket.socket] = {}
-        t = threading.Thread(target=lambda: box.setdefault("out", _connect(*nxt)))
+        t = threading.Thread(target=lambda: box.setdefault("out", _connect(*self.nxt)))
         t.start()
-        listener.settimeout(CONNECT_TIMEOUT_S)
-        self.prev, _ = listener.accept()
-        listener.close()
+        self.prev, _ = self.listener.accept()
         t.join()
         if "out" not in box:
-            raise ConnectionError(f"could not reach the next rank at {nxt[0]}:{nxt[1]}")
+            raise ConnectionError(f"could not reach the next rank at {self.nxt[0]}:"
+                                  f"{self.nxt[1]}")
         self.next = box["out"]
         self.prev.settimeout(None)
         self.next.settimeout(None)
+        self.decisions.at_connect = self.decisions.now()
 
     def allreduce(self, hop_bytes: int) -> None:
         steps = 2 * (self.n - 1)
         chunk = max(1, hop_bytes // steps)
         payload = bytes(min(chunk, 1 << 20))
         inbox = bytearray(min(chunk, 1 << 20))
+        flag = bytearray(1)
+        vote = self.decisions.changed()
         for _ in range(steps):
-            sender = threading.Thread(target=self._send, args=(chunk, payload))
+            sender = threading.Thread(target=self._send, args=(chunk, payload, vote))
             sender.start()
+            _recv_exact(self.prev, 1, flag)
+            vote = vote or bool(flag[0])
             left = chunk
             while left:
                 k = min(left, len(inbox))
                 _recv_exact(self.prev, k, inbox)
                 left -= k
             sender.join()
+        if vote:
+            self._rebuild()
 
-    def _send(self, n: int, payload: bytes) -> None:
+    def _rebuild(self) -> None:
+        # the incoming side first: every byte of this all-reduce has arrived here
+        for s in (self.prev, self.next):
+            with contextlib.suppress(OSError):
+                s.close()
+        self.reconnects += 1
+        self._connect()
+
+    def _send(self, n: int, payload: bytes, vote: bool) -> None:
+        self.next.sendall(b"\x01" if vote else b"\x00")
         while n:
             k = min(n, len(payload))
             self.next.sendall(payload[:k])
@@ -123,7 +178,8 @@ def run(args: argparse.Namespace) -> None:
             if not done:
                 break  # the ring broke (a neighbour left): the job ends
             log.write(json.dumps({"i": i, "t0": t0, "comm_start": c0, "comm_end": done[0],
-                                  "end": time.time(), "compute_s": args.compute_s}) + "\n")
+                                  "end": time.time(), "compute_s": args.compute_s,
+                                  "reconnects": ring.reconnects}) + "\n")
             i += 1
     os._exit(0)  # the neighbours may still be mid-step; closing here ends theirs
 

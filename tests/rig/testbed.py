@@ -167,6 +167,14 @@ def wait_jobs(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
             p.wait()
 
 
+def stop_jobs(procs: list[subprocess.Popen[bytes]], grace_s: float = 5.0) -> None:
+    """SIGTERM (a rank ends after its current iteration), then SIGKILL after `grace_s`."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    wait_jobs(procs, grace_s)
+
+
 def read_logs(logdir: Path, job: EmuJob) -> list[list[dict[str, float]]]:
     """Each rank's iterations, in order."""
     out = []

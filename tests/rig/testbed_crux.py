@@ -3,17 +3,18 @@ probing toward the ring port, and the jobs under `crux-run`.
 
 `crux`: nothing declared. Each agent measures its job live: t_j and the period from the
 host's NIC counters (one job per host), W_j from emulated GPUs (a replay file per host:
-the job's GPUs busy compute_s of every standalone period). The jobs first run unsteered
-through the leader's profiling windows; once every job is profiled and scheduled with
-TCP ports, the ranks restart under `crux-run` (the job stays registered through its
-anchors), so their new connections take the decisions: TCP decisions apply at connect.
+the job's GPUs busy compute_s of every standalone period). Every job goes through its
+profiling window at the top level, then the leader plans with the profiled figures.
 
 `crux-hints`: each job declares W_j, compute time and model size when it registers
-(static measurement, `accept_job_hints`). Jobs register first with an anchor process per
-rank; once the leader has scheduled every job with probed TCP ports on every route, the
-ranks start under `crux-run` with the same job id, so their ring connections leave from
-decided ports with their level's DSCP (the socket interposer), as a TCP job's do when it
-connects after the plan. The switch ports' queues use the leader's DSCP per level.
+(static measurement, `accept_job_hints`).
+
+In both, the ranks run under `crux-run` from the start. TCP decisions apply at connect, so
+a rank whose decision toward its next rank changes (a profiling window's level, the plan's
+ports) has the whole ring rebuilt after the current iteration (tests/rig/ringjob.py): the
+way a job that re-creates its communicators would take a new plan. Utilisation is measured
+from the moment every job is planned. The switch ports' queues use the leader's DSCP per
+level.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from tests.rig.testbed import (
     read_logs,
     spine_bytes,
     start_job,
-    wait_jobs,
+    stop_jobs,
 )
 
 LEADER_PORT = 7470
@@ -127,14 +128,16 @@ def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...],
 def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live: bool,
              progress: bool = True) -> tuple[Logs, SpineBytes, dict[str, Any]]:
     """Iteration logs per job after the plan, the bytes each job's hops put on each spine
-    meanwhile, and the leader's view of each job (levels, routes, measurement) then."""
+    meanwhile, and the leader's view of each job (levels, routes, measurement) as the
+    window began."""
     mode = "crux" if live else "crux-hints"
     logdir = workdir / mode
     logdir.mkdir(parents=True, exist_ok=True)
     dscp = level_dscp(levels)
     on = {h: (job, rank) for job in layout.jobs for rank, h in enumerate(job.hosts)}
     with layout.fabric(dscp_by_level=dscp) as f:
-        root = workdir / f"daemons-{mode}"
+        root = workdir / ("dl" if live else "dh")  # short: an agent's socket path is
+        # at most 107 bytes, and pytest's temporary directories are long
         root.mkdir(parents=True, exist_ok=True)
         daemons = []
         for h in f.host_names:
@@ -149,10 +152,12 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
                 for rank, host in enumerate(job.hosts):
                     anchors.append(crux_run(sock[host], job.id, *_args(job, rank, live),
                                             command=("sleep", "100000")))
-            warmup: list[Any] = []
-            if live:  # traffic to measure, on the kernel's ports until the plan
-                for job in layout.jobs:
-                    warmup += start_job(f, job, workdir / "crux-profiling", 100000.0)
+            procs = []
+            for job in layout.jobs:  # under crux-run from the start: a rank rebuilds its
+                wrap = {host: [str(BIN / "crux-run"), "--socket", str(sock[host]),  # ring
+                               "--job-id", job.id, *_args(job, rank, live), "--"]  # when
+                        for rank, host in enumerate(job.hosts)}  # its decisions change
+                procs += start_job(f, job, logdir, 1e6, wrap)
             _say(progress, f"{mode}: waiting for the plan (probing"
                  f"{', profiling each job alone' if live else ''}, then planning)")
             t0 = time.monotonic()
@@ -165,23 +170,20 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
                 plan = wait_for("every job scheduled with TCP ports", ready, timeout=120 + (
                     len(layout.jobs) * PROFILING_S * 2 if live else 0))
             except AssertionError as exc:
+                stop_jobs(procs)
                 raise AssertionError(f"{exc}; jobs: {summary(seen[0])}") from None
-            _say(progress, f"{mode}: planned after {time.monotonic() - t0:.1f} s; jobs (re)start "
-                 f"under crux-run for {duration_s:g} s")
-            for p in warmup:
-                p.kill()
-            wait_jobs(warmup, 10)
-            with spine_bytes(f, layout.jobs) as read:
-                procs = []
-                for job in layout.jobs:
-                    wrap = {host: [str(BIN / "crux-run"), "--socket", str(sock[host]),
-                                   "--job-id", job.id, *_args(job, rank, live), "--"]
-                            for rank, host in enumerate(job.hosts)}
-                    procs += start_job(f, job, logdir, duration_s, wrap)
-                wait_jobs(procs, duration_s + 90)
-                carried = read()
-            logs = {job.id: read_logs(logdir, job) for job in layout.jobs}
+            # the tables take the plan, then each ring rebuilds after its current iteration
+            time.sleep(2.0 + 2 * max(standalone_period(layout, j) for j in layout.jobs))
             plan = planned(status(sock["h0"]), layout.jobs) or plan
+            settled = time.time()
+            _say(progress, f"{mode}: planned after {time.monotonic() - t0:.1f} s; measuring "
+                 f"{duration_s:g} s")
+            with spine_bytes(f, layout.jobs) as read:
+                time.sleep(duration_s)
+                carried = read()
+            stop_jobs(procs)
+            logs = {job.id: [[it for it in rank if it["t0"] >= settled]
+                             for rank in read_logs(logdir, job)] for job in layout.jobs}
     return logs, carried, plan
 
 
