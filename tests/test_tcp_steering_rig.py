@@ -18,25 +18,13 @@ from typing import Any
 import pytest
 
 from cruxd.testing import BIN, Daemon, crux_run, running, status, wait_for
-from tests.rig.fabric import Fabric, can_build
+from tests.rig.fabric import Fabric
 from tests.rig.probe import spine_of
-from tests.rig.tcp import can_listen, iperf3_servers, tcp_sweep_from
+from tests.rig.tcp import can_steer_tcp, iperf3_servers, tcp_sweep_from
 from tests.test_probing_agents import agent_config
-from transport import native
 from transport.decision_table import TableReader
 
-
-def _why_not() -> str | None:
-    if (why := can_build() or can_listen()) is not None:
-        return why
-    try:
-        native.library(native.SOCK)
-    except native.NativeLibraryMissing as exc:
-        return f"the socket interposer is not built: {exc}"
-    return None
-
-
-WHY = _why_not()
+WHY = can_steer_tcp()
 pytestmark = [pytest.mark.root, pytest.mark.slow,
               pytest.mark.skipif(WHY is not None, reason=str(WHY))]
 DPORT = 5201

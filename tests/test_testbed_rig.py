@@ -17,26 +17,14 @@ from pathlib import Path
 import pytest
 
 from cruxd.scenario import load_scenario
-from tests.rig.fabric import can_build, can_build_jhash
+from tests.rig.fabric import can_build_jhash
 from tests.rig.probe import spine_of as spine_of_hop
-from tests.rig.tcp import can_listen
+from tests.rig.tcp import can_steer_tcp
 from tests.rig.testbed import Layout, SpineBytes, run_mode
 from tests.rig.testbed_crux import run_crux
 from tests.rig.testbed_metrics import cluster_utilization, job_stats, window_of
-from transport import native
 
-
-def _why_not() -> str | None:
-    if (why := can_build() or can_build_jhash() or can_listen()) is not None:
-        return why  # nft counts the bytes per spine
-    try:
-        native.library(native.SOCK)
-    except native.NativeLibraryMissing as exc:
-        return f"the socket interposer is not built: {exc}"
-    return None
-
-
-WHY = _why_not()
+WHY = can_steer_tcp() or can_build_jhash()  # nft counts the bytes per spine
 pytestmark = [pytest.mark.root, pytest.mark.slow,
               pytest.mark.skipif(WHY is not None, reason=str(WHY))]
 DURATION_S, WARMUP_S = 20.0, 4.0

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tests.rig.fabric import Fabric, RigError
+from tests.rig.fabric import Fabric, RigError, can_build
 
 _SWEEP = """
 import json, sys
@@ -37,6 +37,19 @@ def can_listen() -> str | None:
     """None when iperf3 is here, else the reason the TCP rig tests skip."""
     if shutil.which("iperf3") is None:
         return "needs iperf3 (apt-get install iperf3)"
+    return None
+
+
+def can_steer_tcp() -> str | None:
+    """None when TCP jobs can be steered on a rig here (a fabric, iperf3, and the socket
+    interposer that crux-run preloads), else the reason."""
+    from transport import native
+    if (why := can_build() or can_listen()) is not None:
+        return why
+    try:
+        native.library(native.SOCK)
+    except native.NativeLibraryMissing as exc:
+        return f"the socket interposer is not built: {exc}"
     return None
 
 
