@@ -137,10 +137,19 @@ class Ring:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        # the incoming side first: every byte of this all-reduce has arrived here
-        for s in (self.prev, self.next):
-            with contextlib.suppress(OSError):
-                s.close()
+        # The incoming side closes first (every byte of this all-reduce has arrived), and
+        # the outgoing side waits for the next rank to do the same: TIME_WAIT then stays
+        # with the listener's end. Were it on ours, each rebuild would hold one of the few
+        # decided source ports for a minute, and once all were held the shim would fall
+        # back to a kernel port on whatever spine it hashes to.
+        with contextlib.suppress(OSError):
+            self.prev.close()
+        with contextlib.suppress(OSError):
+            self.next.settimeout(CONNECT_TIMEOUT_S)
+            while self.next.recv(4096):
+                pass
+        with contextlib.suppress(OSError):
+            self.next.close()
         self.reconnects += 1
         self._connect()
 
