@@ -86,7 +86,7 @@ def agent_config(f: Fabric, host: str, root: Path, levels: int,
     }
     if gpu_file is not None:
         cfg["agent"].update(measurement="live", accept_job_hints=False)
-        cfg["measurement"] = {"rate_hz": 100, "window_s": 8, "gpu": "replay",
+        cfg["measurement"] = {"rate_hz": 100, "window_s": 30, "gpu": "replay",
                               "gpu_file": str(gpu_file), "gpu_interval_s": 0.5,
                               "settle_s": 1.0}
     if host == "h0":
