@@ -2,7 +2,7 @@
 beside the simulator's prediction for the same file (seed §6.2, Figs. 19-20).
 
     sudo .venv/bin/python bench/testbed.py examples/testbed-fig19-rig.json \\
-        [--mode standalone,ecmp] [--duration 60] [--scale 1e-3] [--json] [--plot F.png]
+        [--mode standalone,ecmp,crux,crux-hints] [--duration 60] [--scale 1e-3] [--json]
 
 The fabric is the scenario's, built from network namespaces with the kernel's ECMP and
 HTB strict-priority queues on every switch port; link rates and the jobs' bytes are
@@ -11,7 +11,7 @@ one `tests/rig/ringjob.py` process per host: compute, then a ring all-reduce ove
 
 Modes: `standalone` (each job alone: the ideal), `ecmp` (no cruxd), `crux` (cruxd on every
 host measuring every job live, W_j from replayed GPUs) and `crux-hints` (jobs declare their
-profiles); see tests/rig/testbed_crux.py. Churn and link failure are not built yet.
+profiles); see tests/rig/testbed_crux.py. Churn, link failure and --plot are not built yet.
 """
 
 from __future__ import annotations
@@ -57,12 +57,12 @@ def simulated(path: str, duration_s: float) -> dict[str, dict[str, Any]]:
         out[name] = {"utilization": res.gpu_utilization,
                      "jobs": {r.job: r.busy_gpu_s / (r.gpus * r.active_s) if r.active_s else 0.0
                               for r in res.jobs}}
-        # alone, a job computes compute_s of every standalone period
-        spec = {j.id: j for j in sc.view.jobs}
-        alone = {r.job: spec[r.job].compute_s / r.standalone_period_s for r in res.jobs}
-        gpus = {r.job: r.gpus for r in res.jobs}
-        out["standalone"] = {"utilization": sum(alone[j] * gpus[j] for j in alone)
-                             / sum(gpus.values()), "jobs": alone}
+    # alone, a job computes compute_s of every standalone period (the same in every run)
+    spec = {j.id: j for j in sc.view.jobs}
+    alone = {r.job: spec[r.job].compute_s / r.standalone_period_s for r in res.jobs}
+    gpus = {r.job: r.gpus for r in res.jobs}
+    out["standalone"] = {"utilization": sum(alone[j] * gpus[j] for j in alone)
+                         / sum(gpus.values()), "jobs": alone}
     return out
 
 

@@ -47,6 +47,9 @@ def _ring(jid: str, hosts: list[str]) -> dict[str, object]:
      [_ring("a", ["h0", "h2"]), _ring("b", ["h2", "h3"])], "one job per host"),
     ({"builder": "double_sided", "hosts_per_pod": 2}, [_ring("a", ["h0", "h1"])],
      "two switch tiers"),
+    ({"builder": "clos2", "tors": 2, "aggs": 2, "hosts_per_tor": 2, "nics_per_host": 1},
+     [_ring("a", ["h0", "h2"]), {**_ring("b", ["h1", "h3"]), "arrival_s": 30}],
+     "b arrive after the start"),
 ])
 def test_what_the_rig_cannot_build_is_refused_with_the_reason(
         tmp_path: Path, topology: dict[str, object], jobs: list[dict[str, object]],

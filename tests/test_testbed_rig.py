@@ -68,7 +68,7 @@ def test_crux_beats_ecmp_and_each_job_keeps_to_its_planned_spine(tmp_path: Path)
         spines = {j: spine_of(carried, j) for j in ("big", "s1", "s2")}
         shared = any(spines["big"][hop] == spines[s][other]
                      for hop in spines["big"] for s in ("s1", "s2") for other in spines[s]
-                     if _same_leaf_pair(hop, other))
+                     if _same_leaf_pair(layout, hop, other))
         if shared:
             break
         print(f"ecmp run {attempt}: the big job had its spines to itself; again")
@@ -88,7 +88,8 @@ def test_crux_beats_ecmp_and_each_job_keeps_to_its_planned_spine(tmp_path: Path)
     assert crux > ecmp, (crux, ecmp)
 
 
-def _same_leaf_pair(a: tuple[str, str], b: tuple[str, str]) -> bool:
-    """Both hops go from leaf 0 to leaf 1, or both back (3 hosts per leaf)."""
-    return (int(a[0][1:]) // 3, int(a[1][1:]) // 3) == (int(b[0][1:]) // 3, int(b[1][1:]) // 3)
+def _same_leaf_pair(layout: Layout, a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Both hops go from leaf 0 to leaf 1, or both back."""
+    return (layout.leaf_of(a[0]), layout.leaf_of(a[1])) == (layout.leaf_of(b[0]),
+                                                            layout.leaf_of(b[1]))
 

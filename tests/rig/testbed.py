@@ -41,10 +41,14 @@ class EmuJob:
     compute_s: float
     overlap: float
     hop_bytes: int  # per ring hop and iteration, scaled
-    arrival_s: float = 0.0
     flops: float = 0.0  # W_j, what crux-hints declares
     model_bytes: float = 0.0  # unscaled, what crux-hints declares
     host_gpus: tuple[int, ...] = ()  # GPUs on each host of the ring
+
+    @property
+    def hops(self) -> list[tuple[str, str]]:
+        """The ring's (src, dst) host pairs, in ring order."""
+        return list(zip(self.hosts, self.hosts[1:] + self.hosts[:1], strict=True))
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,6 @@ class Layout:
     host_mbit: float
     uplink_mbit: float
     jobs: tuple[EmuJob, ...]
-    host_map: dict[str, str]  # scenario host -> rig host
-    scale: float
 
     @staticmethod
     def of(sc: Scenario, scale: float = 1e-3) -> Layout:
@@ -86,7 +88,11 @@ class Layout:
             raise UsageError(f"{sc.name}: at most {MAX_SPINES} spines and {MAX_HOSTS} hosts")
         order = [h for t in tors for h in per_leaf[t]]
         host_map = {h: f"h{k}" for k, h in enumerate(order)}
-        timing = {j.id: t for j, t in zip(sc.view.jobs, sc.simulation.timing, strict=True)}
+        late = [j.id for j, t in zip(sc.view.jobs, sc.simulation.timing, strict=True)
+                if t.arrival_s > 0]
+        if late:
+            raise UsageError(f"{sc.name}: {', '.join(late)} arrive after the start "
+                             f"(arrival_s); the testbed starts every job at once for now")
         jobs = []
         used: dict[str, str] = {}
         for j in sc.view.jobs:
@@ -98,12 +104,16 @@ class Layout:
                 used[h] = j.id
             hop = max((f.bytes for f in j.flows), default=0.0)
             jobs.append(EmuJob(j.id, tuple(host_map[h] for h in ring), j.gpus, j.compute_s,
-                               j.overlap, int(hop * scale), timing[j.id].arrival_s, j.flops,
+                               j.overlap, int(hop * scale), j.flops,
                                # a ring hop carries 2(K-1)/K of the model over K GPUs
                                hop * j.gpus / (2 * max(1, j.gpus - 1)),
                                tuple(g for _, g in j.hosts)))
         return Layout(len(tors), sizes.pop(), len(aggs), host_gbps.pop() * 1e3 * scale,
-                      up.pop() * 1e3 * scale, tuple(jobs), host_map, scale)
+                      up.pop() * 1e3 * scale, tuple(jobs))
+
+    def leaf_of(self, host: str) -> int:
+        """The leaf of a rig host (hosts are numbered leaf by leaf, as Fabric does)."""
+        return int(host[1:]) // self.hosts_per_leaf
 
     def fabric(self, dscp_by_level: tuple[int, ...] = (0,)) -> Fabric:
         return Fabric(hosts_per_leaf=self.hosts_per_leaf, leaves=self.leaves,
@@ -196,7 +206,7 @@ def spine_bytes(f: Fabric, jobs: tuple[EmuJob, ...]) -> Iterator[Callable[[], Sp
     with contextlib.ExitStack() as stack:
         readers: dict[str, dict[Hop, Callable[[], list[int]]]] = {}
         for job in jobs:
-            for a, b in zip(job.hosts, job.hosts[1:] + job.hosts[:1], strict=True):
+            for a, b in job.hops:
                 if f.leaf_of(a) != f.leaf_of(b):
                     readers.setdefault(job.id, {})[(a, b)] = stack.enter_context(
                         f.uplink_counts(a, b, None, "tcp", RING_PORT, what="bytes"))

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cruxd.scheduler.dscp import level_dscp
-from cruxd.testing import BIN, Daemon, crux_run, running, status, wait_for
+from cruxd.testing import BIN, Daemon, running, status, wait_for
 from tests.rig.fabric import Fabric
 from tests.rig.testbed import (
     RING_PORT,
@@ -41,8 +41,6 @@ from tests.rig.testbed import (
 )
 
 LEADER_PORT = 7470
-
-
 PEAK_TFLOPS = 312.0  # the replayed GPUs: A100s
 PROFILING_S = 12.0
 
@@ -62,8 +60,7 @@ def gpu_recording(path: Path, job: EmuJob | None, rank: int, period_s: float) ->
 def standalone_period(layout: Layout, job: EmuJob) -> float:
     """The profile's iteration time alone: compute, plus the ring's transfer at the
     slowest link on its way beyond what the overlap hides."""
-    crosses = any(a != b for a, b in zip(job.hosts, job.hosts[1:] + job.hosts[:1],
-                                         strict=True))
+    crosses = any(layout.leaf_of(a) != layout.leaf_of(b) for a, b in job.hops)
     rate = min(layout.host_mbit, layout.uplink_mbit) if crosses else layout.host_mbit
     comm = job.hop_bytes * 8 / (rate * 1e6)
     return job.compute_s + max(0.0, comm - job.overlap * job.compute_s)
@@ -147,12 +144,7 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
             daemons.append(Daemon(root, h, agent_config(f, h, root, levels, gpu_file),
                                   netns=f.ns(h)))
         sock = {d.name: d.socket for d in daemons}
-        with running(daemons, "agent h") as anchors:
-            for job in layout.jobs:
-                for rank, host in enumerate(job.hosts):
-                    anchors.append(crux_run(sock[host], job.id, *_args(job, rank, live),
-                                            command=("sleep", "100000")))
-            procs = []
+        with running(daemons, "agent h") as procs:  # killed on the way out, whatever happens
             for job in layout.jobs:  # under crux-run from the start: a rank rebuilds its
                 wrap = {host: [str(BIN / "crux-run"), "--socket", str(sock[host]),  # ring
                                "--job-id", job.id, *_args(job, rank, live), "--"]  # when
