@@ -31,9 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.rig
 from cruxd.errors import CruxError
 from cruxd.scenario import load_scenario
 from cruxd.scenario.simulation import simulation_of
+from cruxd.sim.policies.ecmp import Ecmp
+from cruxd.sim.policies.pinned import Pinned
 from cruxd.sim.run import simulate
 from tests.rig.fabric import can_build
 from tests.rig.testbed import Layout, run_mode
+from tests.rig.testbed_churn import LinkDown, recovery
 from tests.rig.testbed_crux import run_crux
 from tests.rig.testbed_metrics import (
     JobStats,
@@ -66,11 +69,36 @@ def simulated(path: str, duration_s: float) -> dict[str, dict[str, Any]]:
     return out
 
 
+def hash_draws(path: str, duration_s: float, n: int = 20) -> dict[str, float]:
+    """The simulator's ECMP under `n` hash seeds: which links collide is a draw, in the
+    simulator as on the rig (the kernel keys its hash at random per namespace)."""
+    sc = load_scenario(path)
+    us = []
+    for seed in range(n):
+        jobs, settings = simulation_of(sc, policies=["ecmp"], horizon_s=duration_s, seed=seed)
+        us.append(simulate(jobs, sc.view.topology, Ecmp(), settings.config).gpu_utilization)
+    return {"n": n, "mean": sum(us) / n, "min": min(us), "max": max(us)}
+
+
+def simulated_on(path: str, duration_s: float,
+                 via: dict[str, dict[tuple[str, str], str]]) -> dict[str, Any]:
+    """The simulator with every job on one level and each hop on the path it was seen
+    on: the network model compared on the same collisions, not another hash draw."""
+    sc = load_scenario(path)
+    jobs, settings = simulation_of(sc, policies=["ecmp"], horizon_s=duration_s)
+    res = simulate(jobs, sc.view.topology, Pinned(via), settings.config)
+    return {"utilization": res.gpu_utilization,
+            "jobs": {r.job: r.busy_gpu_s / (r.gpus * r.active_s) if r.active_s else 0.0
+                     for r in res.jobs}}
+
+
 def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
-            warmup_s: float, levels: int) -> dict[str, Any]:
+            warmup_s: float, levels: int, link_down: LinkDown | None) -> dict[str, Any]:
     plan: dict[str, Any] = {}
+    churn: dict[str, float | None] = {}
     if mode in ("crux", "crux-hints"):
-        logs, carried, plan = run_crux(layout, workdir, duration_s, levels, live=mode == "crux")
+        logs, carried, plan, churn = run_crux(layout, workdir, duration_s, levels,
+                                              live=mode == "crux", link_down=link_down)
     else:
         logs, carried = run_mode(layout, mode, workdir, duration_s)
     gpus = {j.id: j.gpus for j in layout.jobs}
@@ -82,13 +110,37 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
     else:
         lo, hi = window_of(logs, warmup_s)
         stats = {jid: job_stats(ranks, lo, hi) for jid, ranks in logs.items()}
-    return {"utilization": cluster_utilization(stats, gpus),
+    out: dict[str, Any] = {}
+    if churn and link_down is not None:
+        out["link_down"] = link_down_result(logs, gpus, link_down, churn, lo, hi)
+    return {"utilization": cluster_utilization(stats, gpus), **out,
+            "paths": layout.observed_paths(carried),
             "jobs": {jid: {"utilization": s.utilization, "iteration_s": s.iteration_s,
                            "iterations": s.iterations, "gpus": gpus[jid],
-                           **({"level": plan[jid].get("level", 0)} if jid in plan else {}),
+                           **({k: plan[jid].get(k, 0) for k in ("level", "rank", "k",
+                                                                 "intensity")}
+                              if jid in plan else {}),
                            "spine_bytes": {f"{a}->{b}": c for (a, b), c in
                                            carried.get(jid, {}).items()}}
                      for jid, s in stats.items()}}
+
+
+def link_down_result(logs: dict[str, Any], gpus: dict[str, int], down: LinkDown,
+                     churn: dict[str, float | None], lo: float, hi: float) -> dict[str, Any]:
+    """When the cable went, when the leader re-planned, when each job's iterations were
+    back to their steady state, and the cluster's utilisation before and after."""
+    t = churn["t_down"]
+    assert t is not None
+    jobs = {jid: recovery(ranks, t) for jid, ranks in logs.items()}
+    rec = [j["recovered_s"] for j in jobs.values()]
+    return {"leaf": down.leaf, "spine": down.spine, "at_s": t - lo,
+            "decided_s": churn["decided_s"],
+            "recovered_s": None if None in rec else max(r for r in rec if r is not None),
+            "utilization_before": cluster_utilization(
+                {j: job_stats(r, lo, t) for j, r in logs.items()}, gpus),
+            "utilization_after": cluster_utilization(
+                {j: job_stats(r, t, hi) for j, r in logs.items()}, gpus),
+            "jobs": jobs}
 
 
 def main() -> int:
@@ -104,6 +156,11 @@ def main() -> int:
     p.add_argument("--workdir", metavar="DIR",
                    help="keep the jobs' logs and the daemons' configs and logs here "
                         "(default: a temporary directory, removed)")
+    p.add_argument("--link-down", metavar="LEAF:SPINE@S",
+                   help="crux modes: take the cable between LEAF and SPINE down S seconds "
+                        "into the measured window, and report the times to new decisions "
+                        "and to recovered iterations (agents re-verify paths every "
+                        "5 s in such a run)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     args = p.parse_args()
     modes = [m for m in args.mode.split(",") if m]
@@ -116,6 +173,9 @@ def main() -> int:
     try:
         sc = load_scenario(args.scenario)
         layout = Layout.of(sc, args.scale)
+        down = LinkDown.parse(args.link_down) if args.link_down else None
+        if down is not None:
+            down.check(layout.leaves, layout.spines, args.duration)
         sim = simulated(args.scenario, args.duration)
     except CruxError as exc:
         print(f"testbed: {exc}", file=sys.stderr)
@@ -129,17 +189,27 @@ def main() -> int:
     with (contextlib.nullcontext(args.workdir) if args.workdir
           else tempfile.TemporaryDirectory(prefix="crux-testbed-")) as tmp:
         for mode in modes:
-            m = measure(layout, mode, Path(tmp), args.duration, args.warmup, sc.config.levels)
+            m = measure(layout, mode, Path(tmp), args.duration, args.warmup, sc.config.levels,
+                        down)
             m["simulated"] = {"utilization": sim[SIM_POLICY[mode]]["utilization"],
                               "jobs": sim[SIM_POLICY[mode]]["jobs"]}
+            if mode == "ecmp":
+                m["simulated"]["hash_draws"] = hash_draws(args.scenario, args.duration)
+            if mode == "ecmp" and m["paths"]:
+                m["simulated"]["observed_paths"] = simulated_on(args.scenario, args.duration,
+                                                                m["paths"])
+            m["paths"] = {j: {f"{a}->{b}": sp for (a, b), sp in v.items()}
+                          for j, v in m["paths"].items()}
             result["modes"][mode] = m
     base = result["modes"].get("ecmp", {}).get("utilization")
     alone = result["modes"].get("standalone", {}).get("utilization")
     for m in result["modes"].values():
         m["gain_over_ecmp"] = m["utilization"] / base - 1 if base else None
         m["fraction_of_standalone"] = m["utilization"] / alone if alone else None
-        sim_u = m["simulated"]["utilization"]
-        m["simulated"]["error"] = m["utilization"] / sim_u - 1 if sim_u else None
+        for sim_m in (m["simulated"], m["simulated"].get("observed_paths", {})):
+            sim_u = sim_m.get("utilization")
+            if sim_u is not None:
+                sim_m["error"] = m["utilization"] / sim_u - 1 if sim_u else None
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -147,6 +217,21 @@ def main() -> int:
              _num(m["fraction_of_standalone"]), f"{m['simulated']['utilization']:.3f}",
              _pct(m["simulated"]["error"])] for mode, m in result["modes"].items()]
     print(table(["mode", "GPU util", "vs ecmp", "of standalone", "simulated", "error"], rows))
+    for mode, m in result["modes"].items():
+        if "observed_paths" in m["simulated"]:
+            o = m["simulated"]["observed_paths"]
+            d = m["simulated"]["hash_draws"]
+            print(f"{mode}, simulated on the paths the kernel's ECMP took: "
+                  f"{o['utilization']:.3f} (error {_pct(o['error'])}); over {d['n']} hash "
+                  f"seeds: {d['min']:.3f} to {d['max']:.3f}, mean {d['mean']:.3f}")
+    for mode, m in result["modes"].items():
+        if "link_down" in m:
+            d = m["link_down"]
+            print(f"{mode}: cable leaf {d['leaf']} - spine {d['spine']} down "
+                  f"{d['at_s']:.1f} s into the window; new decisions after "
+                  f"{_secs(d['decided_s'])}, iterations recovered after "
+                  f"{_secs(d['recovered_s'])}; utilisation {d['utilization_before']:.3f} "
+                  f"before, {d['utilization_after']:.3f} after")
     for mode, m in result["modes"].items():
         print(f"\n{mode}")
         print(table(["job", "GPUs", "iteration s", "iterations", "utilisation"],
@@ -157,6 +242,10 @@ def main() -> int:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:+.1%}"
+
+
+def _secs(x: float | None) -> str:
+    return "- (not within the window)" if x is None else f"{x:.1f} s"
 
 
 def _num(x: float | None) -> str:

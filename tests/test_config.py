@@ -111,6 +111,7 @@ def test_embedded_default_for_a_user() -> None:
     assert (ld.listen, ld.topology, ld.levels, ld.dscp) == ("127.0.0.1:7470", None, 5, None)
     assert (ld.agent_timeout_s, ld.debounce_ms, ld.profiling_s) == (30.0, 50.0, 30.0)
     assert (ld.change_threshold, ld.star_nic_gbps, ld.max_jobs) == (0.10, 100.0, 100000)
+    assert ld.tie_tolerance == 0.10
     assert ld.state_file == Path("/home/ann/.local/state/crux/leader-state.json")
     assert not c.tls.enabled and c.tls.server_name is None
     assert c.metrics.listen == "127.0.0.1:9477"

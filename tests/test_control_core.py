@@ -623,3 +623,22 @@ def test_agent_request_profiles_a_done_job_again_only_with_profiling_on() -> Non
     off.ingest(report("h0", job("a")), now=0.0)
     off.advance_profiling(0.0, enabled=True)
     assert off.ingest(report("h0", asked), now=1.0) == []  # nothing would ever profile it
+
+
+def test_measurement_changes_wait_while_a_job_profiles() -> None:
+    """While a job is queued for or in its profiling window, other figures moving re-plan
+    nothing (its "profiling done" re-plans with the newest); a job's new shape still
+    does, and once profiling is over changes count again, against the newest figures."""
+    s = cluster(profiling_s=10.0)
+    s.ingest(report("h0", job("a", m=Measurement(comm_s=1.0))), 0)
+    assert s.advance_profiling(0) == ["profiling: a"]
+    assert s.ingest(report("h0", job("a", m=Measurement(comm_s=2.0))), 1) == []
+    assert s.ingest(report("h0", job("a", 0, 2, m=Measurement(comm_s=2.0))), 2) == [
+        "measurement changed: a on h0"]
+    assert s.advance_profiling(11) == ["profiling done: a"]
+    assert s.ingest(report("h0", job("a", 0, 2, m=Measurement(comm_s=2.1))), 12) == []
+    assert s.ingest(report("h0", job("a", 0, 2, m=Measurement(comm_s=4.0))), 13) == [
+        "measurement changed: a on h0"]
+    # a second job arriving queues for profiling: the first job's changes wait again
+    assert s.ingest(report("h0", job("a", 0, 2, m=Measurement(comm_s=8.0)), job("b")), 14) \
+        == ["job arrived: b"]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from cruxd.scenario import load_scenario
 from cruxd.scheduler import PlanConfig, plan
 from cruxd.scheduler.pairwise import busy_time, low_share, pair_gains, timing
-from cruxd.scheduler.priority import assign
+from cruxd.scheduler.priority import assign, tie_groups
 from tests.paths import EXAMPLES
 
 
@@ -124,3 +124,35 @@ def test_declared_jobs_rank_after_every_measured_job(jobs: list[tuple[float, flo
         members = np.flatnonzero(group)
         assert sorted(members, key=lambda i: pr.rank[i]) == \
             sorted(members, key=lambda i: plain.rank[i])
+
+
+@given(st.lists(st.floats(0.0, 1e6), min_size=1, max_size=30), st.floats(0.0, 0.5))
+def test_tie_groups_keep_the_order_and_the_tolerance(values: list[float], tol: float) -> None:
+    v = np.array(values)
+    g = tie_groups(v, tol)
+    for i in range(len(v)):
+        for j in range(len(v)):
+            if v[i] > v[j]:
+                assert g[i] <= g[j]  # a larger value never ranks in a later group
+            if g[i] == g[j]:  # one group spans less than the tolerance
+                assert min(v[i], v[j]) >= max(v[i], v[j]) * (1 - tol) - 1e-9
+    if tol == 0.0:
+        assert all((g[i] == g[j]) == (v[i] == v[j]) for i in range(len(v))
+                   for j in range(len(v)))
+
+
+def test_noise_within_the_tolerance_does_not_order_equal_jobs() -> None:
+    # four equal jobs measured with a few percent of noise: by P_j alone the noise
+    # decides; with the tolerance the ids do, whatever the noise
+    ids = ["d", "b", "a", "c"]
+    intensity = np.array([1.03, 0.98, 1.0, 1.05])
+    ones, zeros = np.ones(4), np.zeros(4)
+    args = (ids, intensity, ones, zeros, ones * 0.1, ones)
+    noisy = assign(*args).rank
+    assert [ids[i] for i in np.argsort(noisy)] == ["c", "d", "a", "b"]
+    tied = assign(*args, tie_tolerance=0.1).rank
+    assert [ids[i] for i in np.argsort(tied)] == ["a", "b", "c", "d"]
+    # a job clearly above the others still leads
+    intensity[1] = 1.5
+    assert [ids[i] for i in np.argsort(assign(*args, tie_tolerance=0.1).rank)] == \
+        ["b", "a", "c", "d"]

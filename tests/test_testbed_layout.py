@@ -12,6 +12,7 @@ from cruxd.errors import UsageError
 from cruxd.scenario import load_scenario
 from tests.paths import REPO
 from tests.rig.testbed import Layout
+from tests.rig.testbed_churn import LinkDown, recovery
 from tests.rig.testbed_metrics import busy, cluster_utilization, job_stats, window_of
 
 FIG19 = REPO / "examples" / "testbed-fig19-rig.json"
@@ -75,3 +76,37 @@ def test_utilisation_is_compute_over_wall_time_inside_the_window() -> None:
     assert sa.utilization == pytest.approx((0.5 + 6 * 1.5) / 13)  # a part, then 6 whole
     assert cluster_utilization({"a": sa, "b": sb}, {"a": 3, "b": 1}) == pytest.approx(
         (3 * sa.utilization + 1.0) / 4)
+
+
+def test_link_down_parses_and_checks_its_cable() -> None:
+    assert LinkDown.parse("1:0@12.5") == LinkDown(1, 0, 12.5)
+    for bad in ("1:0", "a:0@1", "1:0@x", "-1:0@3", "1:0@-2", "1@3"):
+        with pytest.raises(UsageError, match="--link-down"):
+            LinkDown.parse(bad)
+    LinkDown(3, 1, 10).check(leaves=4, spines=2, duration_s=40)
+    with pytest.raises(UsageError, match=r"spines 0\.\.1"):
+        LinkDown(0, 2, 10).check(leaves=4, spines=2, duration_s=40)
+    with pytest.raises(UsageError, match="not inside"):
+        LinkDown(0, 0, 40).check(leaves=4, spines=2, duration_s=40)
+
+
+def _iterations(times: list[float], start: float = 0.0) -> list[dict[str, float]]:
+    out, t = [], start
+    for d in times:
+        out.append({"t0": t, "end": t + d})
+        t += d
+    return out
+
+
+def test_recovery_finds_the_return_to_the_new_steady_state() -> None:
+    # 1 s iterations, a failure at t = 10.2, eight slow (2 s) iterations, then 1.2 s
+    its = _iterations([1.0] * 10 + [2.0] * 8 + [1.2] * 20)
+    r = recovery([its], t_down=10.2)
+    assert r["before_s"] == 1.0 and r["steady_s"] == pytest.approx(1.2)
+    # the first slow iteration starts at 10, the first steady one at 26; a run of five
+    # must average within 10 % of 1.2 s from there on: from 26 exactly
+    assert r["recovered_s"] == pytest.approx(26 - 10.2)
+    # no disturbance at all: recovered from the failure on
+    assert recovery([_iterations([1.0] * 40)], t_down=10.5)["recovered_s"] == 0.0
+    # too few iterations after it to tell
+    assert recovery([_iterations([1.0] * 12)], t_down=10.5)["recovered_s"] is None

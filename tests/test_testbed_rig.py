@@ -74,8 +74,8 @@ def test_crux_beats_ecmp_and_each_job_keeps_to_its_planned_spine(tmp_path: Path)
         print(f"ecmp run {attempt}: the big job had its spines to itself; again")
     ecmp = utilization(layout, logs)
 
-    logs, carried, plan = run_crux(layout, tmp_path / "c", DURATION_S, levels=3,
-                                   live=False, progress=False)
+    logs, carried, plan, _ = run_crux(layout, tmp_path / "c", DURATION_S, levels=3,
+                                      live=False, progress=False)
     crux = utilization(layout, logs)
     print(f"cluster GPU utilisation: ecmp {ecmp:.3f}, crux-hints {crux:.3f}; "
           f"levels {({j: plan[j].get('level', 0) for j in plan})}")

@@ -19,7 +19,7 @@ EMBEDDED = "<embedded default>"
 LIVE_KEYS = frozenset({
     "daemon.log_level", "agent.report_interval_s", "agent.accept_job_hints",
     "leader.levels", "leader.dscp", "leader.debounce_ms", "leader.profiling_s",
-    "leader.change_threshold", "leader.agent_timeout_s",
+    "leader.change_threshold", "leader.tie_tolerance", "leader.agent_timeout_s",
 })
 
 
@@ -97,6 +97,7 @@ class LeaderConfig:
     debounce_ms: float
     profiling_s: float
     change_threshold: float
+    tie_tolerance: float  # PlanConfig.tie_tolerance
     star_nic_gbps: float
     max_jobs: int
     max_jobs_per_host: int  # one host's report may hold at most this many jobs

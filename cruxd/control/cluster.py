@@ -70,6 +70,9 @@ class ClusterState:
     # hosts dropped so far: state kept elsewhere per host (hint samples) is purged when
     # this moves, so hosts that come and go leave nothing behind
     hosts_removed: int = 0
+    # a job is queued for or in its profiling window (kept by advance_profiling, so a
+    # report does not scan every job): measurement changes then re-plan nothing
+    profiling_under_way: bool = False
 
     # --- events ------------------------------------------------------------
     def ingest(self, report: AgentReport, now: float) -> list[str]:
@@ -93,6 +96,7 @@ class ClusterState:
             rec = self.jobs.get(jid)
             if rec is None or rec.expired_at is not None:
                 self.jobs[jid] = JobRecord(jid, first_seen=now)
+                self.profiling_under_way |= self.profiling_s > 0
                 causes.append(f"job arrived: {jid}")
             else:
                 causes.append(f"job grew: {jid} on {host}")
@@ -102,6 +106,7 @@ class ClusterState:
             rec = self.jobs.get(jid)
             if rec is not None and rec.profile == "done" and self.profiling_s > 0:
                 rec.profile = "queued"
+                self.profiling_under_way = True
                 causes.append(f"profiling requested: {jid} by {host}")
         base = old.baseline if old is not None and not old.expired else {}
         baseline = {}
@@ -109,7 +114,11 @@ class ClusterState:
             ref = base.get(jid)
             if jid in before and ref is not None:
                 if self._material(before[jid], ref, job):
-                    causes.append(f"measurement changed: {jid} on {host}")
+                    # while a job profiles alone at the top, the others' figures are not
+                    # those of the plan to come; its "profiling done" re-plans with the
+                    # newest figures anyway. A job's new shape still re-plans at once.
+                    if not (self.profiling_under_way and _same_shape(before[jid], job)):
+                        causes.append(f"measurement changed: {jid} on {host}")
                 else:
                     baseline[jid] = ref
                     continue
@@ -180,6 +189,7 @@ class ClusterState:
                 job.profile = "profiling"
                 job.profiling_until = now + self.profiling_s
                 causes.append(f"profiling: {job.job_id}")
+        self.profiling_under_way = any(j.profile != "done" for j in live)
         return causes
 
     def next_deadline(self) -> float | None:
@@ -221,7 +231,7 @@ class ClusterState:
     # --- internals ---------------------------------------------------------
     def _material(self, a: LocalJob, ma: Measurement, b: LocalJob) -> bool:
         """Job `a` (last report; its measurement as of the last change: `ma`) -> `b`."""
-        if (a.gpus, a.node_rank, a.nnodes) != (b.gpus, b.node_rank, b.nnodes):
+        if not _same_shape(a, b):
             return True
         mb = b.measurement
         for name in ("flops_per_iter", "comm_s", "period_s", "compute_s", "allreduce_bytes"):
@@ -241,6 +251,10 @@ class ClusterState:
                 job.expired_at = now
                 causes.append(f"job ended: {jid}")
         return causes
+
+
+def _same_shape(a: LocalJob, b: LocalJob) -> bool:
+    return (a.gpus, a.node_rank, a.nnodes) == (b.gpus, b.node_rank, b.nnodes)
 
 
 def _shapes(tables: dict[str, PathTable]) -> dict[str, tuple[object, ...]]:

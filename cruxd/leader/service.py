@@ -119,7 +119,8 @@ class Leader(lgrpc.LeaderServicer):
     def plan_config(self) -> LeaderPlanConfig:
         """What planning runs with, from the current [leader] section."""
         lc = self.config.leader
-        return LeaderPlanConfig(PlanConfig(levels=lc.levels, dscp=lc.dscp), lc.star_nic_gbps)
+        return LeaderPlanConfig(PlanConfig(levels=lc.levels, dscp=lc.dscp,
+                                           tie_tolerance=lc.tie_tolerance), lc.star_nic_gbps)
 
     # --- events --------------------------------------------------------------
     def _event(self, *causes: str) -> None:

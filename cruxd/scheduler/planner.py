@@ -22,7 +22,7 @@ from cruxd.scheduler.compression import compress_indexed
 from cruxd.scheduler.dag import contention_edges
 from cruxd.scheduler.dscp import DEFAULT_LEVELS, level_dscp
 from cruxd.scheduler.flow_paths import FlowPaths, candidate_flows, flow_decisions
-from cruxd.scheduler.priority import Priorities, assign
+from cruxd.scheduler.priority import Priorities, assign, tie_groups
 from cruxd.scheduler.selection import pick, standalone_comm_time
 
 
@@ -36,6 +36,9 @@ class PlanConfig:
     reference_job: str | None = None  # None: the job with the most traffic
     pair_window_periods: float = 3.0  # window of the pairwise k_j model
     busiest_links: int = 10  # links listed in the plan
+    # relative difference of I_j or P_j below which jobs tie (ordered by id): a live
+    # leader sets its measurement resolution here, so noise does not order equal jobs
+    tie_tolerance: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("levels", "samples", "max_paths", "busiest_links"):
@@ -43,6 +46,8 @@ class PlanConfig:
                 raise ValueError(f"PlanConfig.{name} out of range: {getattr(self, name)}")
         if not self.pair_window_periods > 0:
             raise ValueError("PlanConfig.pair_window_periods must be > 0")
+        if not 0.0 <= self.tie_tolerance < 1.0:
+            raise ValueError("PlanConfig.tie_tolerance must be in [0, 1)")
 
     def dscp_values(self) -> tuple[int, ...]:
         return level_dscp(self.levels, self.dscp)
@@ -54,10 +59,10 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
     ids = [j.id for j in view.jobs]
     flows, by_job = candidate_flows(view, config.max_paths)
     jobs = _intensities(view, by_job)
-    _select_paths(ids, by_job, jobs, len(view.topology.capacity))
+    _select_paths(ids, by_job, jobs, len(view.topology.capacity), config.tie_tolerance)
     pr = assign(ids, jobs.intensity, jobs.compute, jobs.overlap, jobs.comm, jobs.traffic,
                 reference=config.reference_job, window_periods=config.pair_window_periods,
-                declared=jobs.declared)
+                declared=jobs.declared, tie_tolerance=config.tie_tolerance)
     usage = _link_usage(flows, jobs.period, len(view.topology.capacity))
     levels = _compress(usage, pr, jobs, config)
     return Plan(
@@ -118,11 +123,11 @@ def _cap_declared(intensity: np.ndarray, declared: np.ndarray) -> None:
 
 
 def _select_paths(ids: list[str], by_job: list[list[FlowPaths]], jobs: _Intensities,
-                  n_links: int) -> None:
+                  n_links: int, tie_tolerance: float) -> None:
     """Step 3: sets each flow's `choice`, the most intensive job first."""
     load = np.zeros(n_links)
-    for ji in sorted(range(len(ids)),
-                     key=lambda i: (bool(jobs.declared[i]), -jobs.intensity[i], ids[i])):
+    tied = tie_groups(jobs.intensity, tie_tolerance)
+    for ji in sorted(range(len(ids)), key=lambda i: (bool(jobs.declared[i]), tied[i], ids[i])):
         weight = jobs.intensity[ji] / jobs.i_max
         for f in by_job[ji]:
             x = weight * 8.0 * f.spec.bytes / jobs.period[ji] / 1e9

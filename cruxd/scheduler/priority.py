@@ -37,6 +37,20 @@ class Priorities:
     reference: int | None
 
 
+def tie_groups(values: np.ndarray, tolerance: float = 0.0) -> np.ndarray:
+    """Per value, its group number (0 for the largest): walking down from the largest,
+    a value within `tolerance` (relative) of the first value of the current group joins
+    it. Measured figures differ by noise; jobs in one group are ordered by id, so noise
+    does not decide their order, and re-plans do not swap them back and forth."""
+    group = np.zeros(len(values), dtype=np.int64)
+    g, head = -1, None
+    for i in sorted(range(len(values)), key=lambda i: -values[i]):
+        if head is None or not values[i] >= head * (1.0 - tolerance):
+            g, head = g + 1, values[i]
+        group[i] = g
+    return group
+
+
 def reference_job(traffic: np.ndarray, period: np.ndarray, ids: Sequence[str]) -> int | None:
     """Most bytes per iteration; ties by bytes per second, then by id."""
     candidates = [i for i in range(len(ids)) if traffic[i] > 0]
@@ -48,8 +62,9 @@ def reference_job(traffic: np.ndarray, period: np.ndarray, ids: Sequence[str]) -
 def assign(ids: Sequence[str], intensity: np.ndarray, compute_s: np.ndarray,
            overlap: np.ndarray, comm_s: np.ndarray, traffic: np.ndarray, *,
            reference: str | None = None, window_periods: float = 3.0,
-           declared: np.ndarray | None = None) -> Priorities:
-    """k_j, P_j and unique ranks. Jobs without network traffic (comm_s == 0) keep
+           declared: np.ndarray | None = None, tie_tolerance: float = 0.0) -> Priorities:
+    """k_j, P_j and unique ranks; P_j within `tie_tolerance` of each other tie, and
+    ties go by id (`tie_groups`). Jobs without network traffic (comm_s == 0) keep
     k = 1 and infinite intensity: nothing of theirs can contend on the fabric. Jobs whose
     figures are only `declared` rank after every measured job, in their own P_j order."""
     n = len(ids)
@@ -74,7 +89,9 @@ def assign(ids: Sequence[str], intensity: np.ndarray, compute_s: np.ndarray,
         k[ref] = 1.0
     prio = k * intensity
     unverified = declared if declared is not None else np.zeros(n, dtype=bool)
-    order = sorted(range(n), key=lambda i: (bool(unverified[i]), -prio[i], -intensity[i], ids[i]))
+    tied, by_intensity = tie_groups(prio, tie_tolerance), tie_groups(intensity, tie_tolerance)
+    order = sorted(range(n), key=lambda i: (bool(unverified[i]), tied[i], by_intensity[i],
+                                            ids[i]))
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     return Priorities(k=k, priority=prio, rank=rank, reference=ref)

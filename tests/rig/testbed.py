@@ -31,6 +31,8 @@ from tests.rig.fabric import MAX_HOSTS, MAX_SPINES, Fabric
 
 RING_PORT = 5301  # every rank listens here; one job per host (see Layout.of)
 RINGJOB = Path(__file__).with_name("ringjob.py")
+Hop = tuple[str, str]  # (src host, dst host) of a ring hop
+SpineBytes = dict[str, dict[Hop, list[int]]]  # per job and hop between leaves, per spine
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class Layout:
     host_mbit: float
     uplink_mbit: float
     jobs: tuple[EmuJob, ...]
+    host_ids: tuple[str, ...] = ()  # the scenario's host of each rig host h0, h1, ...
+    spine_ids: tuple[str, ...] = ()  # the scenario's switch of each rig spine
 
     @staticmethod
     def of(sc: Scenario, scale: float = 1e-3) -> Layout:
@@ -109,11 +113,23 @@ class Layout:
                                hop * j.gpus / (2 * max(1, j.gpus - 1)),
                                tuple(g for _, g in j.hosts)))
         return Layout(len(tors), sizes.pop(), len(aggs), host_gbps.pop() * 1e3 * scale,
-                      up.pop() * 1e3 * scale, tuple(jobs))
+                      up.pop() * 1e3 * scale, tuple(jobs), tuple(order), tuple(aggs))
 
     def leaf_of(self, host: str) -> int:
         """The leaf of a rig host (hosts are numbered leaf by leaf, as Fabric does)."""
         return int(host[1:]) // self.hosts_per_leaf
+
+    def observed_paths(self, carried: SpineBytes) -> dict[str, dict[tuple[str, str], str]]:
+        """Per job, the scenario's (src, dst) host pair of every hop between leaves and
+        the spine that carried most of its bytes (for cruxd.sim.policies.pinned)."""
+        out: dict[str, dict[tuple[str, str], str]] = {}
+        for job, hops in carried.items():
+            for (a, b), per_spine in hops.items():
+                if sum(per_spine) > 0:
+                    spine = max(range(len(per_spine)), key=per_spine.__getitem__)
+                    out.setdefault(job, {})[(self.host_ids[int(a[1:])],
+                                             self.host_ids[int(b[1:])])] = self.spine_ids[spine]
+        return out
 
     def fabric(self, dscp_by_level: tuple[int, ...] = (0,)) -> Fabric:
         return Fabric(hosts_per_leaf=self.hosts_per_leaf, leaves=self.leaves,
@@ -193,10 +209,6 @@ def read_logs(logdir: Path, job: EmuJob) -> list[list[dict[str, float]]]:
         lines = path.read_text().splitlines() if path.exists() else []
         out.append([json.loads(ln) for ln in lines if ln.strip()])
     return out
-
-
-Hop = tuple[str, str]  # (src host, dst host) of a ring hop
-SpineBytes = dict[str, dict[Hop, list[int]]]  # per job and hop between leaves, per spine
 
 
 @contextlib.contextmanager

@@ -39,10 +39,12 @@ from tests.rig.testbed import (
     start_job,
     stop_jobs,
 )
+from tests.rig.testbed_churn import LinkDown, fail_link
 
 LEADER_PORT = 7470
 PEAK_TFLOPS = 312.0  # the replayed GPUs: A100s
 PROFILING_S = 12.0
+REVERIFY_S = 5.0  # probing.interval_s in a link-down run (the default is 300 s)
 
 
 def gpu_recording(path: Path, job: EmuJob | None, rank: int, period_s: float) -> Path:
@@ -123,10 +125,12 @@ def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...],
 
 
 def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live: bool,
-             progress: bool = True) -> tuple[Logs, SpineBytes, dict[str, Any]]:
+             progress: bool = True, link_down: LinkDown | None = None,
+             ) -> tuple[Logs, SpineBytes, dict[str, Any], dict[str, float | None]]:
     """Iteration logs per job after the plan, the bytes each job's hops put on each spine
-    meanwhile, and the leader's view of each job (levels, routes, measurement) as the
-    window began."""
+    meanwhile, the leader's view of each job (levels, routes, measurement) as the
+    window began, and with `link_down`, when the cable went and how long the leader
+    took to re-plan (tests/rig/testbed_churn.py)."""
     mode = "crux" if live else "crux-hints"
     logdir = workdir / mode
     logdir.mkdir(parents=True, exist_ok=True)
@@ -141,8 +145,10 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
             job, rank = on.get(h, (None, 0))
             gpu_file = gpu_recording(root / f"{h}.gpus.json", job, rank, standalone_period(
                 layout, job) if job else 1.0) if live else None
-            daemons.append(Daemon(root, h, agent_config(f, h, root, levels, gpu_file),
-                                  netns=f.ns(h)))
+            cfg = agent_config(f, h, root, levels, gpu_file)
+            if link_down is not None:  # re-verify paths often: the failure is found by
+                cfg["probing"]["interval_s"] = REVERIFY_S  # the sweep after it
+            daemons.append(Daemon(root, h, cfg, netns=f.ns(h)))
         sock = {d.name: d.socket for d in daemons}
         with running(daemons, "agent h") as procs:  # killed on the way out, whatever happens
             for job in layout.jobs:  # under crux-run from the start: a rank rebuilds its
@@ -170,13 +176,17 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
             settled = time.time()
             _say(progress, f"{mode}: planned after {time.monotonic() - t0:.1f} s; measuring "
                  f"{duration_s:g} s")
+            churn: dict[str, float | None] = {}
             with spine_bytes(f, layout.jobs) as read:
-                time.sleep(duration_s)
+                end = time.time() + duration_s
+                if link_down is not None:
+                    churn = fail_link(f, link_down, end, lambda: status(sock["h0"]))
+                time.sleep(max(0.0, end - time.time()))
                 carried = read()
             stop_jobs(procs)
             logs = {job.id: [[it for it in rank if it["t0"] >= settled]
                              for rank in read_logs(logdir, job)] for job in layout.jobs}
-    return logs, carried, plan
+    return logs, carried, plan, churn
 
 
 def summary(doc: dict[str, Any]) -> dict[str, str]:

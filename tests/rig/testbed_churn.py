@@ -1,0 +1,103 @@
+"""Churn on the emulated testbed: a leaf-spine cable failing in the middle of a run.
+
+`LinkDown` takes the cable down (`Fabric.set_link`, which also converges routing the
+way the fabric's BGP would) `at_s` seconds into the measuring window. With a leader
+to ask, `fail_link` then polls it until the plan's routes differ from those in force
+when the cable went: the agents' re-verification sweeps find the lost paths, the
+leader re-plans around them. `recovery` reads, from the jobs' own iteration logs,
+when each job's iterations were back at the steady state they reached afterwards.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cruxd.errors import UsageError
+from tests.rig.fabric import Fabric
+
+Logs = list[list[dict[str, float]]]  # per rank, its iterations
+RECOVERED = 1.10  # within 10 % of the steady iteration time after the failure
+STEADY_TAIL = 0.3  # the steady state: the last 30 % of the iterations after it
+SMOOTH = 5  # iterations averaged when judging recovery
+
+
+@dataclass(frozen=True)
+class LinkDown:
+    leaf: int
+    spine: int
+    at_s: float
+
+    @staticmethod
+    def parse(text: str) -> LinkDown:
+        """'LEAF:SPINE@SECONDS', e.g. '0:0@15' (UsageError saying what is wrong)."""
+        try:
+            cable, at = text.split("@")
+            leaf, spine = (int(x) for x in cable.split(":"))
+            seconds = float(at)
+        except ValueError:
+            raise UsageError(f"--link-down: expected LEAF:SPINE@SECONDS (0:0@15), got "
+                             f"{text!r}") from None
+        if leaf < 0 or spine < 0 or not seconds >= 0:
+            raise UsageError(f"--link-down: {text!r}: leaf, spine and time must be >= 0")
+        return LinkDown(leaf, spine, seconds)
+
+    def check(self, leaves: int, spines: int, duration_s: float) -> None:
+        if self.leaf >= leaves or self.spine >= spines:
+            raise UsageError(f"--link-down: the fabric has leaves 0..{leaves - 1} and spines "
+                             f"0..{spines - 1}")
+        if self.at_s >= duration_s:
+            raise UsageError(f"--link-down: {self.at_s:g} s is not inside the "
+                             f"{duration_s:g} s window")
+
+
+def routes_of(doc: dict[str, Any]) -> set[tuple[str, str, str, tuple[str, ...]]]:
+    """The leader's routes in a status document: (job, from, to, hops)."""
+    return {(j["job_id"], r.get("src_host", ""), r.get("peer_host", ""),
+             tuple(r.get("hops", ())))
+            for j in (doc.get("cluster") or {}).get("jobs", []) for r in j.get("routes", [])}
+
+
+def fail_link(f: Fabric, down: LinkDown, window_end: float,
+              leader: Callable[[], dict[str, Any]] | None = None) -> dict[str, float | None]:
+    """Sleep to the failure, take the cable down; with `leader`, wait (until
+    `window_end`, epoch seconds) for the first plan whose routes changed. Times are
+    epoch seconds; decided_s is from the failure to that plan (None: none came)."""
+    time.sleep(down.at_s)
+    before = routes_of(leader()) if leader is not None else set()
+    t_down = time.time()
+    f.set_link(down.leaf, down.spine, False)
+    decided = None
+    while leader is not None and time.time() < window_end:
+        if routes_of(leader()) != before:
+            decided = time.time() - t_down
+            break
+        time.sleep(0.25)
+    return {"t_down": t_down, "decided_s": decided}
+
+
+def recovery(ranks: Logs, t_down: float) -> dict[str, float | None]:
+    """Rank 0's iteration time before the failure (median), its steady state after
+    (median of the last STEADY_TAIL of iterations), and the seconds from the failure to
+    the start of the first run of SMOOTH iterations whose mean stays within RECOVERED
+    of that steady state through the end (None: too few iterations to tell)."""
+    its = ranks[0] if ranks else []
+    before = [it["end"] - it["t0"] for it in its if it["end"] <= t_down]
+    after = [it for it in its if it["end"] > t_down]
+    out: dict[str, float | None] = {
+        "before_s": statistics.median(before) if before else None,
+        "steady_s": None, "recovered_s": None}
+    if len(after) < 2 * SMOOTH:
+        return out
+    times = [it["end"] - it["t0"] for it in after]
+    steady = statistics.median(times[int(len(times) * (1 - STEADY_TAIL)):])
+    out["steady_s"] = steady
+    means = [statistics.fmean(times[i:i + SMOOTH]) for i in range(len(times) - SMOOTH + 1)]
+    ok = [m <= RECOVERED * steady for m in means]
+    first = next((i for i in range(len(ok)) if all(ok[i:])), None)
+    if first is not None:
+        out["recovered_s"] = max(0.0, after[first]["t0"] - t_down)
+    return out
