@@ -2,7 +2,8 @@
 beside the simulator's prediction for the same file (seed §6.2, Figs. 19-20).
 
     sudo .venv/bin/python bench/testbed.py examples/testbed-fig19-rig.json \\
-        [--mode standalone,ecmp,crux,crux-hints] [--duration 60] [--scale 1e-3] [--json]
+        [--mode standalone,ecmp,crux,crux-hints] [--duration 60] [--scale 1e-3]
+        [--link-down LEAF:SPINE@S] [--plot F.png] [--json]
 
 The fabric is the scenario's, built from network namespaces with the kernel's ECMP and
 HTB strict-priority queues on every switch port; link rates and the jobs' bytes are
@@ -11,7 +12,9 @@ one `tests/rig/ringjob.py` process per host: compute, then a ring all-reduce ove
 
 Modes: `standalone` (each job alone: the ideal), `ecmp` (no cruxd), `crux` (cruxd on every
 host measuring every job live, W_j from replayed GPUs) and `crux-hints` (jobs declare their
-profiles); see tests/rig/testbed_crux.py. Churn, link failure and --plot are not built yet.
+profiles); see tests/rig/testbed_crux.py. `--link-down` fails a cable in the crux modes
+(tests/rig/testbed_churn.py); `--plot` draws utilisation over time per mode. Jobs that
+arrive mid-run (a scenario's arrival_s) are not built yet.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from tables import preamble, table  # bench/ is on sys.path when run as a script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.rig
 
+from cruxd.cli.plots import need_matplotlib
 from cruxd.errors import CruxError
 from cruxd.scenario import load_scenario
 from cruxd.scenario.simulation import simulation_of
@@ -42,6 +46,7 @@ from tests.rig.testbed_metrics import (
     JobStats,
     cluster_utilization,
     job_stats,
+    timeline,
     window_of,
 )
 
@@ -111,6 +116,8 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
         lo, hi = window_of(logs, warmup_s)
         stats = {jid: job_stats(ranks, lo, hi) for jid, ranks in logs.items()}
     out: dict[str, Any] = {}
+    if mode != "standalone":  # the jobs ran one after another there: no common clock
+        out["timeline"] = timeline(logs, gpus, lo, hi)
     if churn and link_down is not None:
         out["link_down"] = link_down_result(logs, gpus, link_down, churn, lo, hi)
     return {"utilization": cluster_utilization(stats, gpus), **out,
@@ -161,12 +168,20 @@ def main() -> int:
                         "into the measured window, and report the times to new decisions "
                         "and to recovered iterations (agents re-verify paths every "
                         "5 s in such a run)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="cluster GPU utilisation over the window, one line per mode "
+                        "(needs matplotlib), with standalone's as a level")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     args = p.parse_args()
     modes = [m for m in args.mode.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad:
         p.error(f"--mode: unknown {', '.join(bad)} (built: {', '.join(MODES)})")
+    if args.plot:
+        try:
+            need_matplotlib()
+        except CruxError as exc:
+            p.error(str(exc))
     if (why := can_build()) is not None:
         print(f"testbed: cannot build the fabric: {why}", file=sys.stderr)
         return 2
@@ -210,6 +225,8 @@ def main() -> int:
             sim_u = sim_m.get("utilization")
             if sim_u is not None:
                 sim_m["error"] = m["utilization"] / sim_u - 1 if sim_u else None
+    if args.plot:
+        plot(Path(args.plot), result)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -242,6 +259,32 @@ def main() -> int:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:+.1%}"
+
+
+def plot(path: Path, result: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for mode, m in result["modes"].items():
+        if "timeline" in m:
+            xs, ys = zip(*m["timeline"], strict=True) if m["timeline"] else ((), ())
+            ax.plot(xs, ys, label=f"{mode} ({m['utilization']:.3f})")
+            if "link_down" in m:
+                ax.axvline(m["link_down"]["at_s"], color="grey", linestyle=":")
+        elif mode == "standalone":
+            ax.axhline(m["utilization"], color="black", linestyle="--",
+                       label=f"standalone ({m['utilization']:.3f})")
+    ax.set_xlabel("seconds into the measured window")
+    ax.set_ylabel("cluster GPU utilisation")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(Path(result["scenario"]).name)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _secs(x: float | None) -> str:

@@ -47,3 +47,16 @@ def job_stats(ranks: Logs, lo: float, hi: float) -> JobStats:
 def cluster_utilization(stats: dict[str, JobStats], gpus: dict[str, int]) -> float:
     total = sum(gpus[j] for j in stats)
     return sum(s.utilization * gpus[j] for j, s in stats.items()) / total if total else 0.0
+
+
+def timeline(logs: dict[str, Logs], gpus: dict[str, int], lo: float, hi: float,
+             bin_s: float = 2.0) -> list[tuple[float, float]]:
+    """Cluster utilisation per `bin_s` bin of the window: (seconds from `lo`, util)."""
+    out = []
+    total = sum(gpus[j] for j in logs) or 1
+    t = lo
+    while t + bin_s <= hi + 1e-9:
+        stats = {j: job_stats(r, t, t + bin_s) for j, r in logs.items()}
+        out.append((t - lo, sum(s.utilization * gpus[j] for j, s in stats.items()) / total))
+        t += bin_s
+    return out
