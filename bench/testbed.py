@@ -35,12 +35,13 @@ from cruxd.cli.plots import need_matplotlib
 from cruxd.errors import CruxError
 from cruxd.scenario import load_scenario
 from cruxd.scenario.simulation import simulation_of
+from cruxd.sim.policies import make_policy
 from cruxd.sim.policies.ecmp import Ecmp
 from cruxd.sim.policies.pinned import Pinned
 from cruxd.sim.run import simulate
 from tests.rig.fabric import can_build
 from tests.rig.testbed import Layout, run_mode
-from tests.rig.testbed_churn import LinkDown, recovery
+from tests.rig.testbed_churn import LinkDown, cluster_recovery, recovery, without_cable
 from tests.rig.testbed_crux import run_crux
 from tests.rig.testbed_metrics import (
     JobStats,
@@ -83,6 +84,15 @@ def hash_draws(path: str, duration_s: float, n: int = 20) -> dict[str, float]:
         jobs, settings = simulation_of(sc, policies=["ecmp"], horizon_s=duration_s, seed=seed)
         us.append(simulate(jobs, sc.view.topology, Ecmp(), settings.config).gpu_utilization)
     return {"n": n, "mean": sum(us) / n, "min": min(us), "max": max(us)}
+
+
+def simulated_degraded(path: str, duration_s: float, leaf: str, spine: str) -> float:
+    """crux-full's utilisation on the fabric without the leaf-spine cable: what the
+    cluster can recover to after the failure."""
+    sc = load_scenario(path)
+    topo = without_cable(sc.view.topology, leaf, spine)
+    jobs, settings = simulation_of(sc, policies=["crux-full"], horizon_s=duration_s)
+    return simulate(jobs, topo, make_policy("crux-full"), settings.config).gpu_utilization
 
 
 def simulated_on(path: str, duration_s: float,
@@ -142,7 +152,9 @@ def link_down_result(logs: dict[str, Any], gpus: dict[str, int], down: LinkDown,
     rec = [j["recovered_s"] for j in jobs.values()]
     return {"leaf": down.leaf, "spine": down.spine, "at_s": t - lo,
             "decided_s": churn["decided_s"],
-            "recovered_s": None if None in rec else max(r for r in rec if r is not None),
+            "recovered_s": cluster_recovery(timeline(logs, gpus, lo, hi), t - lo),
+            "jobs_recovered_s": None if None in rec else max(r for r in rec
+                                                              if r is not None),
             "utilization_before": cluster_utilization(
                 {j: job_stats(r, lo, t) for j, r in logs.items()}, gpus),
             "utilization_after": cluster_utilization(
@@ -208,6 +220,10 @@ def main() -> int:
                         down)
             m["simulated"] = {"utilization": sim[SIM_POLICY[mode]]["utilization"],
                               "jobs": sim[SIM_POLICY[mode]]["jobs"]}
+            if "link_down" in m and down is not None:
+                m["link_down"]["simulated_after"] = simulated_degraded(
+                    args.scenario, args.duration, layout.leaf_ids[down.leaf],
+                    layout.spine_ids[down.spine])
             if mode == "ecmp":
                 m["simulated"]["hash_draws"] = hash_draws(args.scenario, args.duration)
             if mode == "ecmp" and m["paths"]:
@@ -246,9 +262,12 @@ def main() -> int:
             d = m["link_down"]
             print(f"{mode}: cable leaf {d['leaf']} - spine {d['spine']} down "
                   f"{d['at_s']:.1f} s into the window; new decisions after "
-                  f"{_secs(d['decided_s'])}, iterations recovered after "
-                  f"{_secs(d['recovered_s'])}; utilisation {d['utilization_before']:.3f} "
-                  f"before, {d['utilization_after']:.3f} after")
+                  f"{_secs(d['decided_s'])}, utilisation settled after "
+                  f"{_secs(d['recovered_s'])} (every job's iterations: after "
+                  f"{_secs(d['jobs_recovered_s'])}); utilisation "
+                  f"{d['utilization_before']:.3f} before, {d['utilization_after']:.3f} "
+                  f"after, simulated on the fabric without the cable "
+                  f"{d['simulated_after']:.3f}")
     for mode, m in result["modes"].items():
         print(f"\n{mode}")
         print(table(["job", "GPUs", "iteration s", "iterations", "utilisation"],

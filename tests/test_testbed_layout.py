@@ -12,7 +12,7 @@ from cruxd.errors import UsageError
 from cruxd.scenario import load_scenario
 from tests.paths import REPO
 from tests.rig.testbed import Layout
-from tests.rig.testbed_churn import LinkDown, recovery
+from tests.rig.testbed_churn import LinkDown, cluster_recovery, recovery, without_cable
 from tests.rig.testbed_metrics import busy, cluster_utilization, job_stats, window_of
 
 FIG19 = REPO / "examples" / "testbed-fig19-rig.json"
@@ -110,3 +110,24 @@ def test_recovery_finds_the_return_to_the_new_steady_state() -> None:
     assert recovery([_iterations([1.0] * 40)], t_down=10.5)["recovered_s"] == 0.0
     # too few iterations after it to tell
     assert recovery([_iterations([1.0] * 12)], t_down=10.5)["recovered_s"] is None
+
+
+def test_cluster_recovery_reads_the_settling_from_the_timeline() -> None:
+    # 0.95 before a failure at 7.3 s, 0.80 for two bins, then 0.65 to the end: the
+    # first 3-bin mean within 5 % of 0.65 starts at 12 s
+    bins = [(t * 2.0, 0.95 if t < 4 else 0.80 if t < 6 else 0.65) for t in range(17)]
+    assert cluster_recovery(bins, 7.3) == pytest.approx(12.0 - 7.3)
+    # a dip that climbs back counts the same way
+    dip = [(t * 2.0, 0.5 if 4 <= t < 7 else 0.9) for t in range(17)]
+    assert cluster_recovery(dip, 7.3) == pytest.approx(14.0 - 7.3)
+    flat = [(t * 2.0, 0.9) for t in range(17)]
+    assert cluster_recovery(flat, 7.3) == pytest.approx(8.0 - 7.3)
+    assert cluster_recovery(flat[:6], 7.3) is None  # too few bins after it
+
+
+def test_without_cable_drops_both_directions_and_nothing_else() -> None:
+    topo = load_scenario(REPO / "examples" / "testbed-fig19-rig.json").view.topology
+    cut = without_cable(topo, "tor0", "agg0")
+    gone = {(lk.src, lk.dst) for lk in topo.links} - {(lk.src, lk.dst) for lk in cut.links}
+    assert gone == {("tor0", "agg0"), ("agg0", "tor0")}
+    assert len(cut.links) == len(topo.links) - 2 and cut.nodes.keys() == topo.nodes.keys()

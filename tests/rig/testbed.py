@@ -63,6 +63,7 @@ class Layout:
     jobs: tuple[EmuJob, ...]
     host_ids: tuple[str, ...] = ()  # the scenario's host of each rig host h0, h1, ...
     spine_ids: tuple[str, ...] = ()  # the scenario's switch of each rig spine
+    leaf_ids: tuple[str, ...] = ()  # the scenario's switch of each rig leaf
 
     @staticmethod
     def of(sc: Scenario, scale: float = 1e-3) -> Layout:
@@ -113,7 +114,8 @@ class Layout:
                                hop * j.gpus / (2 * max(1, j.gpus - 1)),
                                tuple(g for _, g in j.hosts)))
         return Layout(len(tors), sizes.pop(), len(aggs), host_gbps.pop() * 1e3 * scale,
-                      up.pop() * 1e3 * scale, tuple(jobs), tuple(order), tuple(aggs))
+                      up.pop() * 1e3 * scale, tuple(jobs), tuple(order), tuple(aggs),
+                      tuple(tors))
 
     def leaf_of(self, host: str) -> int:
         """The leaf of a rig host (hosts are numbered leaf by leaf, as Fabric does)."""

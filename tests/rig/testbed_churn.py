@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cruxd.errors import UsageError
+from cruxd.model.topology import NodeKind, Topology, TopologyBuilder
 from tests.rig.fabric import Fabric
 
 Logs = list[list[dict[str, float]]]  # per rank, its iterations
@@ -101,3 +102,35 @@ def recovery(ranks: Logs, t_down: float) -> dict[str, float | None]:
     if first is not None:
         out["recovered_s"] = max(0.0, after[first]["t0"] - t_down)
     return out
+
+
+def without_cable(topo: Topology, a: str, b: str) -> Topology:
+    """`topo` with the cable between switches a and b gone (both directions): the
+    fabric after the failure, for the simulator's prediction of the degraded run."""
+    t = TopologyBuilder(f"{topo.name} without {a}-{b}")
+    for n in topo.nodes.values():
+        if n.kind is NodeKind.HOST:
+            t.host(n.id, n.gpus)
+        else:
+            t.switch(n.id, n.tier)
+    for link in topo.links:
+        if {link.src, link.dst} != {a, b}:
+            t.link(link.src, link.dst, link.capacity_gbps, link.latency_us, both=False)
+    return t.build()
+
+
+def cluster_recovery(bins: list[tuple[float, float]], at_s: float,
+                     tail: float = STEADY_TAIL, within: float = 0.05) -> float | None:
+    """Seconds from the failure (`at_s` into the window) to the start of the first
+    timeline bin after it from which every 3-bin mean stays within `within` of the
+    utilisation the cluster settled at (median of the last `tail` of the bins after
+    it); None if there are too few bins to tell."""
+    after = [(t, u) for t, u in bins if t >= at_s]
+    if len(after) < 6:
+        return None
+    us = [u for _, u in after]
+    steady = statistics.median(us[int(len(us) * (1 - tail)):])
+    means = [statistics.fmean(us[i:i + 3]) for i in range(len(us) - 2)]
+    first = next((i for i in range(len(means))
+                  if all(abs(m - steady) <= within * steady for m in means[i:])), None)
+    return None if first is None else after[first][0] - at_s
