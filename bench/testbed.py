@@ -178,7 +178,7 @@ def main() -> int:
     p.add_argument("--link-down", metavar="LEAF:SPINE@S",
                    help="crux modes: take the cable between LEAF and SPINE down S seconds "
                         "into the measured window, and report the times to new decisions "
-                        "and to recovered iterations (agents re-verify paths every "
+                        "and to settled utilisation (agents re-verify paths every "
                         "5 s in such a run)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="cluster GPU utilisation over the window, one line per mode "
@@ -246,6 +246,15 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
+    print_tables(result)
+    return 0
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def print_tables(result: dict[str, Any]) -> None:
     rows = [[mode, f"{m['utilization']:.3f}", _pct(m["gain_over_ecmp"]),
              _num(m["fraction_of_standalone"]), f"{m['simulated']['utilization']:.3f}",
              _pct(m["simulated"]["error"])] for mode, m in result["modes"].items()]
@@ -273,11 +282,6 @@ def main() -> int:
         print(table(["job", "GPUs", "iteration s", "iterations", "utilisation"],
                     [[j, s["gpus"], f"{s['iteration_s']:.3f}", s["iterations"],
                       f"{s['utilization']:.3f}"] for j, s in m["jobs"].items()]))
-    return 0
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.1%}"
 
 
 def plot(path: Path, result: dict[str, Any]) -> None:

@@ -5,7 +5,8 @@ once (1 - overlap) of that is done the rank joins a ring all-reduce of `--hop-by
 iteration with its ring neighbours over TCP; the next iteration starts when both are
 done (docs/scenario.md's iteration model, which the simulator runs too). The all-reduce
 is the real algorithm between hosts: 2(n-1) steps, each sending one chunk to the next rank
-while receiving one from the previous, a step's send waiting for the last step's chunk.
+while receiving one from the previous, a step's data waiting for the last step's, and
+pipelined in 64 KiB pieces as NCCL pipelines its slices (`Ring.allreduce`).
 
 Data goes over plain `socket.connect`, so under `crux-run` the socket interposer gives
 the connection its decided source port and DSCP, as it would NCCL's socket transport.
@@ -23,8 +24,10 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 CONNECT_TIMEOUT_S = 60.0
+PIECE = 64 << 10  # bytes forwarded at a time: the ring's pipelining grain
 
 
 def _listen(port: int) -> socket.socket:
@@ -44,16 +47,6 @@ def _connect(addr: str, port: int) -> socket.socket:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
-
-
-def _recv_exact(s: socket.socket, n: int, buf: bytearray) -> None:
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = s.recv_into(view[got:n], n - got)
-        if not k:
-            raise ConnectionError("the previous rank closed the ring")
-        got += k
 
 
 class Decisions:
@@ -116,25 +109,69 @@ class Ring:
         self.decisions.at_connect = self.decisions.now()
 
     def allreduce(self, hop_bytes: int) -> None:
+        """2(n-1) steps of `hop_bytes / 2(n-1)`, pipelined as NCCL's ring is: a byte of
+        step k goes to the next rank as soon as the same byte of step k-1 has come in
+        from the previous one, so the ring streams at its slowest hop's rate instead of
+        stopping at every step for the slowest hop of that step. On the wire each step is
+        a flag byte (the reconnect vote) and its chunk."""
         steps = 2 * (self.n - 1)
-        chunk = max(1, hop_bytes // steps)
-        payload = bytes(min(chunk, 1 << 20))
-        inbox = bytearray(min(chunk, 1 << 20))
-        flag = bytearray(1)
-        vote = self.decisions.changed()
-        for _ in range(steps):
-            sender = threading.Thread(target=self._send, args=(chunk, payload, vote))
-            sender.start()
-            _recv_exact(self.prev, 1, flag)
-            vote = vote or bool(flag[0])
-            left = chunk
-            while left:
-                k = min(left, len(inbox))
-                _recv_exact(self.prev, k, inbox)
-                left -= k
-            sender.join()
-        if vote:
+        seg = max(1, hop_bytes // steps) + 1
+        total = steps * seg
+        st: dict[str, Any] = {"received": 0, "vote": self.decisions.changed(), "broken": False}
+        cond = threading.Condition()
+        sender = threading.Thread(target=self._send, args=(total, seg, st, cond), daemon=True)
+        sender.start()
+        buf = bytearray(PIECE)
+        view = memoryview(buf)
+        got = 0
+        try:
+            while got < total:
+                flag = got % seg == 0
+                want = 1 if flag else min(PIECE, seg - got % seg)
+                k = self.prev.recv_into(view[:want], want)
+                if not k:
+                    raise ConnectionError("the previous rank closed the ring")
+                with cond:
+                    st["vote"] = st["vote"] or (flag and bool(buf[0]))
+                    got += k
+                    st["received"] = got
+                    cond.notify()
+        except BaseException:
+            with cond:
+                st["broken"] = True
+                cond.notify()
+            raise
+        sender.join()
+        if st["broken"]:
+            raise ConnectionError("the next rank closed the ring")
+        if st["vote"]:
             self._rebuild()
+
+    def _send(self, total: int, seg: int, st: dict[str, Any],
+              cond: threading.Condition) -> None:
+        payload = bytes(PIECE)
+        sent = 0
+        try:
+            while sent < total:
+                with cond:  # step k's bytes wait for step k-1's (step 0's are ours)
+                    while st["received"] + seg <= sent and not st["broken"]:
+                        cond.wait()
+                    if st["broken"]:
+                        return
+                    limit = min(total, st["received"] + seg)
+                    vote = st["vote"]  # every flag received so far: step k-1's included
+                while sent < limit:
+                    if sent % seg == 0:
+                        self.next.sendall(b"\x01" if vote else b"\x00")
+                        sent += 1
+                        continue
+                    k = min(PIECE, limit - sent, seg - sent % seg)
+                    self.next.sendall(payload[:k])
+                    sent += k
+        except OSError:
+            with cond:
+                st["broken"] = True
+                cond.notify()
 
     def _rebuild(self) -> None:
         # The incoming side closes first (every byte of this all-reduce has arrived), and
@@ -152,13 +189,6 @@ class Ring:
             self.next.close()
         self.reconnects += 1
         self._connect()
-
-    def _send(self, n: int, payload: bytes, vote: bool) -> None:
-        self.next.sendall(b"\x01" if vote else b"\x00")
-        while n:
-            k = min(n, len(payload))
-            self.next.sendall(payload[:k])
-            n -= k
 
 
 def _collective(ring: Ring, hop_bytes: int, done: list[float]) -> None:
