@@ -33,12 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.rig
 
 from cruxd.cli.plots import need_matplotlib
 from cruxd.errors import CruxError
-from cruxd.scenario import load_scenario
+from cruxd.model.topology import Topology
+from cruxd.scenario import Scenario, load_scenario
 from cruxd.scenario.simulation import simulation_of
-from cruxd.sim.policies import make_policy
+from cruxd.sim.policies import Policy, make_policy
 from cruxd.sim.policies.ecmp import Ecmp
 from cruxd.sim.policies.pinned import Pinned
-from cruxd.sim.run import simulate
+from cruxd.sim.run import SimResult, simulate
 from tests.rig.fabric import can_build
 from tests.rig.testbed import Layout, run_mode
 from tests.rig.testbed_churn import LinkDown, cluster_recovery, recovery, without_cable
@@ -56,16 +57,25 @@ SIM_POLICY = {"standalone": "standalone", "ecmp": "ecmp", "crux": "crux-full",
               "crux-hints": "crux-full"}
 
 
-def simulated(path: str, duration_s: float) -> dict[str, dict[str, Any]]:
+def _run(sc: Scenario, policy: Policy, duration_s: float, seed: int | None = None,
+         topo: Topology | None = None) -> SimResult:
+    jobs, settings = simulation_of(sc, policies=["ecmp"], horizon_s=duration_s, seed=seed)
+    return simulate(jobs, topo or sc.view.topology, policy, settings.config)
+
+
+def _utilizations(res: SimResult) -> dict[str, Any]:
+    """Cluster and per-job utilisation of one simulator run."""
+    return {"utilization": res.gpu_utilization,
+            "jobs": {r.job: r.busy_gpu_s / (r.gpus * r.active_s) if r.active_s else 0.0
+                     for r in res.jobs}}
+
+
+def simulated(sc: Scenario, duration_s: float) -> dict[str, dict[str, Any]]:
     """The simulator on the same file: per policy, cluster and per-job utilisation."""
-    sc = load_scenario(path)
-    jobs, settings = simulation_of(sc, policies=["ecmp", "crux-full"], horizon_s=duration_s)
-    out: dict[str, dict[str, Any]] = {}
-    for name, policy in settings.runs:
-        res = simulate(jobs, sc.view.topology, policy, settings.config)
-        out[name] = {"utilization": res.gpu_utilization,
-                     "jobs": {r.job: r.busy_gpu_s / (r.gpus * r.active_s) if r.active_s else 0.0
-                              for r in res.jobs}}
+    out = {}
+    for name in ("ecmp", "crux-full"):
+        res = _run(sc, make_policy(name), duration_s)
+        out[name] = _utilizations(res)
     # alone, a job computes compute_s of every standalone period (the same in every run)
     spec = {j.id: j for j in sc.view.jobs}
     alone = {r.job: spec[r.job].compute_s / r.standalone_period_s for r in res.jobs}
@@ -75,36 +85,25 @@ def simulated(path: str, duration_s: float) -> dict[str, dict[str, Any]]:
     return out
 
 
-def hash_draws(path: str, duration_s: float, n: int = 20) -> dict[str, float]:
+def hash_draws(sc: Scenario, duration_s: float, n: int = 20) -> dict[str, float]:
     """The simulator's ECMP under `n` hash seeds: which links collide is a draw, in the
     simulator as on the rig (the kernel keys its hash at random per namespace)."""
-    sc = load_scenario(path)
-    us = []
-    for seed in range(n):
-        jobs, settings = simulation_of(sc, policies=["ecmp"], horizon_s=duration_s, seed=seed)
-        us.append(simulate(jobs, sc.view.topology, Ecmp(), settings.config).gpu_utilization)
+    us = [_run(sc, Ecmp(), duration_s, seed=seed).gpu_utilization for seed in range(n)]
     return {"n": n, "mean": sum(us) / n, "min": min(us), "max": max(us)}
 
 
-def simulated_degraded(path: str, duration_s: float, leaf: str, spine: str) -> float:
+def simulated_degraded(sc: Scenario, duration_s: float, leaf: str, spine: str) -> float:
     """crux-full's utilisation on the fabric without the leaf-spine cable: what the
     cluster can recover to after the failure."""
-    sc = load_scenario(path)
     topo = without_cable(sc.view.topology, leaf, spine)
-    jobs, settings = simulation_of(sc, policies=["crux-full"], horizon_s=duration_s)
-    return simulate(jobs, topo, make_policy("crux-full"), settings.config).gpu_utilization
+    return _run(sc, make_policy("crux-full"), duration_s, topo=topo).gpu_utilization
 
 
-def simulated_on(path: str, duration_s: float,
+def simulated_on(sc: Scenario, duration_s: float,
                  via: dict[str, dict[tuple[str, str], str]]) -> dict[str, Any]:
     """The simulator with every job on one level and each hop on the path it was seen
     on: the network model compared on the same collisions, not another hash draw."""
-    sc = load_scenario(path)
-    jobs, settings = simulation_of(sc, policies=["ecmp"], horizon_s=duration_s)
-    res = simulate(jobs, sc.view.topology, Pinned(via), settings.config)
-    return {"utilization": res.gpu_utilization,
-            "jobs": {r.job: r.busy_gpu_s / (r.gpus * r.active_s) if r.active_s else 0.0
-                     for r in res.jobs}}
+    return _utilizations(_run(sc, Pinned(via), duration_s))
 
 
 def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
@@ -129,7 +128,8 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
     if mode != "standalone":  # the jobs ran one after another there: no common clock
         out["timeline"] = timeline(logs, gpus, lo, hi)
     if churn and link_down is not None:
-        out["link_down"] = link_down_result(logs, gpus, link_down, churn, lo, hi)
+        out["link_down"] = link_down_result(logs, gpus, link_down, churn, lo, hi,
+                                            out["timeline"])
     return {"utilization": cluster_utilization(stats, gpus), **out,
             "paths": layout.observed_paths(carried),
             "jobs": {jid: {"utilization": s.utilization, "iteration_s": s.iteration_s,
@@ -143,7 +143,8 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
 
 
 def link_down_result(logs: dict[str, Any], gpus: dict[str, int], down: LinkDown,
-                     churn: dict[str, float | None], lo: float, hi: float) -> dict[str, Any]:
+                     churn: dict[str, float | None], lo: float, hi: float,
+                     bins: list[tuple[float, float]]) -> dict[str, Any]:
     """When the cable went, when the leader re-planned, when each job's iterations were
     back to their steady state, and the cluster's utilisation before and after."""
     t = churn["t_down"]
@@ -152,7 +153,7 @@ def link_down_result(logs: dict[str, Any], gpus: dict[str, int], down: LinkDown,
     rec = [j["recovered_s"] for j in jobs.values()]
     return {"leaf": down.leaf, "spine": down.spine, "at_s": t - lo,
             "decided_s": churn["decided_s"],
-            "recovered_s": cluster_recovery(timeline(logs, gpus, lo, hi), t - lo),
+            "recovered_s": cluster_recovery(bins, t - lo),
             "jobs_recovered_s": None if None in rec else max(r for r in rec
                                                               if r is not None),
             "utilization_before": cluster_utilization(
@@ -203,7 +204,7 @@ def main() -> int:
         down = LinkDown.parse(args.link_down) if args.link_down else None
         if down is not None:
             down.check(layout.leaves, layout.spines, args.duration)
-        sim = simulated(args.scenario, args.duration)
+        sim = simulated(sc, args.duration)
     except CruxError as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 2
@@ -222,13 +223,12 @@ def main() -> int:
                               "jobs": sim[SIM_POLICY[mode]]["jobs"]}
             if "link_down" in m and down is not None:
                 m["link_down"]["simulated_after"] = simulated_degraded(
-                    args.scenario, args.duration, layout.leaf_ids[down.leaf],
+                    sc, args.duration, layout.leaf_ids[down.leaf],
                     layout.spine_ids[down.spine])
             if mode == "ecmp":
-                m["simulated"]["hash_draws"] = hash_draws(args.scenario, args.duration)
+                m["simulated"]["hash_draws"] = hash_draws(sc, args.duration)
             if mode == "ecmp" and m["paths"]:
-                m["simulated"]["observed_paths"] = simulated_on(args.scenario, args.duration,
-                                                                m["paths"])
+                m["simulated"]["observed_paths"] = simulated_on(sc, args.duration, m["paths"])
             m["paths"] = {j: {f"{a}->{b}": sp for (a, b), sp in v.items()}
                           for j, v in m["paths"].items()}
             result["modes"][mode] = m

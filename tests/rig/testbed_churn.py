@@ -19,8 +19,8 @@ from typing import Any
 from cruxd.errors import UsageError
 from cruxd.model.topology import NodeKind, Topology, TopologyBuilder
 from tests.rig.fabric import Fabric
+from tests.rig.testbed_metrics import Logs
 
-Logs = list[list[dict[str, float]]]  # per rank, its iterations
 RECOVERED = 1.10  # within 10 % of the steady iteration time after the failure
 STEADY_TAIL = 0.3  # the steady state: the last 30 % of the iterations after it
 SMOOTH = 5  # iterations averaged when judging recovery

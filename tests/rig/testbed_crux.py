@@ -102,7 +102,6 @@ def _hints(job: EmuJob, rank: int) -> list[str]:
             "--compute-s", f"{job.compute_s:g}", "--allreduce-bytes", f"{job.model_bytes:g}"]
 
 
-
 def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...],
             profiled: bool = False) -> dict[str, Any] | None:
     """The leader's jobs once each is scheduled with TCP ports toward the ring port on

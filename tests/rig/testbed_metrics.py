@@ -53,10 +53,9 @@ def timeline(logs: dict[str, Logs], gpus: dict[str, int], lo: float, hi: float,
              bin_s: float = 2.0) -> list[tuple[float, float]]:
     """Cluster utilisation per `bin_s` bin of the window: (seconds from `lo`, util)."""
     out = []
-    total = sum(gpus[j] for j in logs) or 1
     t = lo
     while t + bin_s <= hi + 1e-9:
-        stats = {j: job_stats(r, t, t + bin_s) for j, r in logs.items()}
-        out.append((t - lo, sum(s.utilization * gpus[j] for j, s in stats.items()) / total))
+        out.append((t - lo, cluster_utilization(
+            {j: job_stats(r, t, t + bin_s) for j, r in logs.items()}, gpus)))
         t += bin_s
     return out
