@@ -10,6 +10,14 @@ pipelined in 64 KiB pieces as NCCL pipelines its slices (`Ring.allreduce`).
 
 Data goes over plain `socket.connect`, so under `crux-run` the socket interposer gives
 the connection its decided source port and DSCP, as it would NCCL's socket transport.
+
+The fabric is scaled down (Gbit/s to Mbit/s), so the ring's socket buffers are too
+(`--sockbuf`): at the kernel's autotuned megabytes, one rank's data could sit seconds'
+worth ahead of its neighbour in socket buffers (NCCL's slack is its 4 MiB staging buffer,
+a fraction of a millisecond at 200 Gbit/s), the ranks drifted out of phase, and a GPT
+alone alternated 1.2 s and 1.47 s iterations where its profile gives 1.23 s. `--tcp-cc`
+picks the congestion control per socket (the rig's kernel defaults to bbr here, which
+does not back off on loss in the fabric's 32-packet queues).
 Each iteration is one JSON line in `--log`: start, collective start and end, end.
 """
 
@@ -21,8 +29,10 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,20 +40,44 @@ CONNECT_TIMEOUT_S = 60.0
 PIECE = 64 << 10  # bytes forwarded at a time: the ring's pipelining grain
 
 
-def _listen(port: int) -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+@dataclass(frozen=True)
+class SockOpts:
+    """What every ring socket gets before it connects or listens (0 / "": the kernel's)."""
+
+    buf: int = 0  # SO_SNDBUF and SO_RCVBUF, bytes (the kernel doubles it)
+    cc: str = ""  # TCP_CONGESTION
+
+    def apply(self, s: socket.socket) -> socket.socket:
+        if self.buf:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.buf)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.buf)
+        if self.cc:
+            try:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, self.cc.encode())
+            except OSError as exc:  # not built into this kernel: say so, run on
+                print(f"ringjob: --tcp-cc {self.cc}: {exc.strerror}; using the kernel's "
+                      f"default", file=sys.stderr, flush=True)
+        return s
+
+
+def _listen(port: int, opts: SockOpts) -> socket.socket:
+    s = opts.apply(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("", port))
     s.listen(4)
     return s
 
 
-def _connect(addr: str, port: int) -> socket.socket:
+def _connect(addr: str, port: int, opts: SockOpts) -> socket.socket:
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while True:
+        s = opts.apply(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+        s.settimeout(5)
         try:
-            return socket.create_connection((addr, port), timeout=5)
+            s.connect((addr, port))
+            return s
         except OSError:
+            s.close()
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
@@ -85,9 +119,11 @@ class Ring:
     knows every vote, so all of them rebuild the ring after the same iteration, and the
     new connections take the new decisions (TCP decisions apply at connect)."""
 
-    def __init__(self, rank: int, peers: list[tuple[str, int]]) -> None:
+    def __init__(self, rank: int, peers: list[tuple[str, int]],
+                 opts: SockOpts = SockOpts()) -> None:
         self.n = len(peers)
-        self.listener = _listen(peers[rank][1])
+        self.opts = opts
+        self.listener = _listen(peers[rank][1], opts)
         self.listener.settimeout(CONNECT_TIMEOUT_S)
         self.nxt = peers[(rank + 1) % self.n]
         self.decisions = Decisions(self.nxt[0])
@@ -96,7 +132,9 @@ class Ring:
 
     def _connect(self) -> None:
         box: dict[str, socket.socket] = {}
-        t = threading.Thread(target=lambda: box.setdefault("out", _connect(*self.nxt)))
+        addr, port = self.nxt
+        t = threading.Thread(target=lambda: box.setdefault("out",
+                                                           _connect(addr, port, self.opts)))
         t.start()
         self.prev, _ = self.listener.accept()
         t.join()
@@ -198,7 +236,7 @@ def _collective(ring: Ring, hop_bytes: int, done: list[float]) -> None:
 
 def run(args: argparse.Namespace) -> None:
     peers = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in args.peers.split(",")]
-    ring = Ring(args.rank, peers)
+    ring = Ring(args.rank, peers, SockOpts(args.sockbuf, args.tcp_cc))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     end_at = time.time() + args.duration_s
@@ -233,6 +271,10 @@ def main() -> None:
     p.add_argument("--overlap", type=float, default=0.0)
     p.add_argument("--duration-s", type=float, required=True)
     p.add_argument("--log", required=True)
+    p.add_argument("--sockbuf", type=int, default=0,
+                   help="SO_SNDBUF/SO_RCVBUF of the ring's sockets, bytes (0: the kernel's)")
+    p.add_argument("--tcp-cc", default="",
+                   help="TCP congestion control of the ring's sockets (default: the kernel's)")
     run(p.parse_args())
 
 

@@ -30,6 +30,12 @@ from cruxd.scenario import Scenario
 from tests.rig.fabric import MAX_HOSTS, MAX_SPINES, Fabric
 
 RING_PORT = 5301  # every rank listens here; one job per host (see Layout.of)
+# The ring's TCP, scaled with the fabric (tests/rig/ringjob.py): socket buffers of about
+# a scaled link's bandwidth-delay product plus its 32-packet queue (48 KB, 2 ms at 200
+# Mbit/s), not the kernel's megabytes; and loss-based cubic, whose sharing of a queue
+# comes nearest the simulator's max-min, where this kernel's default bbr overruns it.
+RING_SOCKBUF = 64 << 10
+RING_TCP_CC = "cubic"
 RINGJOB = Path(__file__).with_name("ringjob.py")
 Hop = tuple[str, str]  # (src host, dst host) of a ring hop
 SpineBytes = dict[str, dict[Hop, list[int]]]  # per job and hop between leaves, per spine
@@ -137,7 +143,7 @@ class Layout:
         return Fabric(hosts_per_leaf=self.hosts_per_leaf, leaves=self.leaves,
                       spines=self.spines, host_mbit=self.host_mbit,
                       uplink_mbit=self.uplink_mbit, dscp_by_level=dscp_by_level,
-                      queue_packets=32)
+                      queue_packets=32, goodput=True)
 
 
 def _tiers(topo: Topology) -> tuple[list[str], list[str], list[str]]:
@@ -176,7 +182,7 @@ def start_job(f: Fabric, job: EmuJob, logdir: Path, duration_s: float,
         cmd = [sys.executable, str(RINGJOB), "--rank", str(rank), "--peers", peers,
                "--hop-bytes", str(job.hop_bytes), "--compute-s", str(job.compute_s),
                "--overlap", str(job.overlap), "--duration-s", str(duration_s),
-               "--log", str(log)]
+               "--log", str(log), "--sockbuf", str(RING_SOCKBUF), "--tcp-cc", RING_TCP_CC]
         out = (logdir / f"{job.id}.{rank}.out").open("wb")
         procs.append(subprocess.Popen(["ip", "netns", "exec", f.ns(host),
                                        *(wrap or {}).get(host, []), *cmd],

@@ -48,24 +48,33 @@ REVERIFY_S = 5.0  # probing.interval_s in a link-down run (the default is 300 s)
 
 
 def gpu_recording(path: Path, job: EmuJob | None, rank: int, period_s: float) -> Path:
-    """The host's emulated GPUs: the job's, busy compute_s of every `period_s`."""
+    """The host's emulated GPUs: the job's, busy compute_s of every `period_s`, each at
+    the scenario's own FLOP rate (W_j / GPUs / compute_s), so that the W_j the agents
+    measure is the W_j that crux-hints declares."""
     gpus = job.host_gpus[rank] if job else 0
     util = 100.0 * job.compute_s / period_s if job else 0.0
+    peak = (job.flops / (job.gpus * job.compute_s) / 1e12
+            if job and job.flops > 0 and job.compute_s > 0 else PEAK_TFLOPS)
     inv = [{"index": i, "name": "NVIDIA A100-SXM4-80GB", "uuid": f"GPU-{i}",
-            "pci_bus_id": f"00000000:{i + 1:02x}:00.0", "peak_tflops": PEAK_TFLOPS}
+            "pci_bus_id": f"00000000:{i + 1:02x}:00.0", "peak_tflops": peak}
            for i in range(gpus)]
     samples = [{"t": float(t), "util": [util] * gpus, "pids": {}} for t in range(10)]
     path.write_text(json.dumps({"inventory": inv, "samples": samples}))
     return path
 
 
-def standalone_period(layout: Layout, job: EmuJob) -> float:
-    """The profile's iteration time alone: compute, plus the ring's transfer at the
-    slowest link on its way beyond what the overlap hides."""
+def comm_s(layout: Layout, job: EmuJob) -> float:
+    """The job's t_j alone: its ring hop's bytes at the slowest link on its way (the
+    rig's rates are payload rates, Fabric(goodput=True))."""
     crosses = any(layout.leaf_of(a) != layout.leaf_of(b) for a, b in job.hops)
     rate = min(layout.host_mbit, layout.uplink_mbit) if crosses else layout.host_mbit
-    comm = job.hop_bytes * 8 / (rate * 1e6)
-    return job.compute_s + max(0.0, comm - job.overlap * job.compute_s)
+    return job.hop_bytes * 8 / (rate * 1e6)
+
+
+def standalone_period(layout: Layout, job: EmuJob) -> float:
+    """The profile's iteration time alone: compute, plus the ring's transfer beyond
+    what the overlap hides."""
+    return job.compute_s + max(0.0, comm_s(layout, job) - job.overlap * job.compute_s)
 
 
 def agent_config(f: Fabric, host: str, root: Path, levels: int,
@@ -96,10 +105,14 @@ def agent_config(f: Fabric, host: str, root: Path, levels: int,
     return cfg
 
 
-def _hints(job: EmuJob, rank: int) -> list[str]:
+def _hints(layout: Layout, job: EmuJob, rank: int) -> list[str]:
+    """What a job declares at registration: this host's share of W_j (the leader sums
+    the hosts), its compute time, t_j alone, and its model size."""
+    share = job.host_gpus[rank] / job.gpus if job.gpus else 0.0
     return ["--gpus", str(job.host_gpus[rank]), "--node-rank", str(rank),
-            "--nnodes", str(len(job.hosts)), "--flops-per-iter", f"{job.flops:g}",
-            "--compute-s", f"{job.compute_s:g}", "--allreduce-bytes", f"{job.model_bytes:g}"]
+            "--nnodes", str(len(job.hosts)), "--flops-per-iter", f"{job.flops * share:g}",
+            "--compute-s", f"{job.compute_s:g}", "--comm-s", f"{comm_s(layout, job):g}",
+            "--allreduce-bytes", f"{job.model_bytes:g}"]
 
 
 def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...],
@@ -152,7 +165,7 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
         with running(daemons, "agent h") as procs:  # killed on the way out, whatever happens
             for job in layout.jobs:  # under crux-run from the start: a rank rebuilds its
                 wrap = {host: [str(BIN / "crux-run"), "--socket", str(sock[host]),  # ring
-                               "--job-id", job.id, *_args(job, rank, live), "--"]  # when
+                               "--job-id", job.id, *_args(layout, job, rank, live), "--"]  # when
                         for rank, host in enumerate(job.hosts)}  # its decisions change
                 procs += start_job(f, job, logdir, 1e6, wrap)
             _say(progress, f"{mode}: waiting for the plan (probing"
@@ -196,10 +209,10 @@ def summary(doc: dict[str, Any]) -> dict[str, str]:
             for j in (doc.get("cluster") or {}).get("jobs", [])}
 
 
-def _args(job: EmuJob, rank: int, live: bool) -> list[str]:
+def _args(layout: Layout, job: EmuJob, rank: int, live: bool) -> list[str]:
     placement = ["--gpus", str(job.host_gpus[rank]), "--node-rank", str(rank),
                  "--nnodes", str(len(job.hosts))]
-    return placement if live else _hints(job, rank)
+    return placement if live else _hints(layout, job, rank)
 
 
 def _say(progress: bool, msg: str) -> None:
