@@ -5,8 +5,8 @@ once (1 - overlap) of that is done the rank joins a ring all-reduce of `--hop-by
 iteration with its ring neighbours over TCP; the next iteration starts when both are
 done (docs/scenario.md's iteration model, which the simulator runs too). The all-reduce
 is the real algorithm between hosts: 2(n-1) steps, each sending one chunk to the next rank
-while receiving one from the previous, a step's data waiting for the last step's, and
-pipelined in 64 KiB pieces as NCCL pipelines its slices (`Ring.allreduce`).
+while receiving one from the previous, a step's data waiting for the last step's, done
+slice by slice as NCCL does it (`Ring.allreduce`).
 
 Data goes over plain `socket.connect`, so under `crux-run` the socket interposer gives
 the connection its decided source port and DSCP, as it would NCCL's socket transport.
@@ -114,9 +114,9 @@ class Decisions:
 class Ring:
     """This rank's two ring connections: to the next rank and from the previous one.
 
-    Every all-reduce step's message starts with one byte: whether any rank seen so far
-    wants to reconnect because the plan changed its decision. After n-1 steps every rank
-    knows every vote, so all of them rebuild the ring after the same iteration, and the
+    Every slice's message starts with one byte: whether any rank seen so far wants to
+    reconnect because the plan changed its decision. After n-1 slices every rank knows
+    every vote, so all of them rebuild the ring after the same iteration, and the
     new connections take the new decisions (TCP decisions apply at connect)."""
 
     def __init__(self, rank: int, peers: list[tuple[str, int]],
@@ -147,14 +147,20 @@ class Ring:
         self.decisions.at_connect = self.decisions.now()
 
     def allreduce(self, hop_bytes: int) -> None:
-        """2(n-1) steps of `hop_bytes / 2(n-1)`, pipelined as NCCL's ring is: a byte of
-        step k goes to the next rank as soon as the same byte of step k-1 has come in
-        from the previous one, so the ring streams at its slowest hop's rate instead of
-        stopping at every step for the slowest hop of that step. On the wire each step is
-        a flag byte (the reconnect vote) and its chunk."""
+        """`hop_bytes` in 2(n-1) steps, done as NCCL's ring does it: the data is cut into
+        chunks of at most 2(n-1) slices of PIECE bytes, and each chunk goes through all
+        the steps, slice by slice, before the next chunk starts; a byte of a slice goes
+        to the next rank once the same byte of the slice before it has come in from the
+        previous one. So a rank runs at most one slice ahead of its neighbour (NCCL: its
+        few buffer slots), the ring streams at its slowest hop's rate, and a rank that
+        starts late holds everyone up only by as much. (Steps of the whole message had
+        let early ranks run a whole step ahead: a GPT alone on the 4-leaf rig settled
+        into a 60 ms skew between its ranks, and 1.31 s iterations for 1.24 s.)
+        On the wire each slice is a flag byte (the reconnect vote) and its data."""
         steps = 2 * (self.n - 1)
-        seg = max(1, hop_bytes // steps) + 1
-        total = steps * seg
+        chunks = max(1, -(-hop_bytes // (steps * PIECE)))
+        seg = max(1, hop_bytes // (steps * chunks)) + 1  # a slice, with its flag byte
+        total = chunks * steps * seg
         st: dict[str, Any] = {"received": 0, "vote": self.decisions.changed(), "broken": False}
         cond = threading.Condition()
         sender = threading.Thread(target=self._send, args=(total, seg, st, cond), daemon=True)
