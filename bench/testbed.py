@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import tempfile
@@ -32,7 +33,7 @@ from tables import preamble, table  # bench/ is on sys.path when run as a script
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.rig
 
 from cruxd.cli.plots import need_matplotlib
-from cruxd.errors import CruxError
+from cruxd.errors import CruxError, UsageError
 from cruxd.model.topology import Topology
 from cruxd.scenario import Scenario, load_scenario
 from cruxd.scenario.simulation import simulation_of
@@ -41,8 +42,14 @@ from cruxd.sim.policies.ecmp import Ecmp
 from cruxd.sim.policies.pinned import Pinned
 from cruxd.sim.run import SimResult, simulate
 from tests.rig.fabric import can_build
-from tests.rig.testbed import Layout, run_mode
-from tests.rig.testbed_churn import LinkDown, cluster_recovery, recovery, without_cable
+from tests.rig.testbed import Layout
+from tests.rig.testbed_churn import (
+    LinkDown,
+    around,
+    cluster_recovery,
+    recovery,
+    without_cable,
+)
 from tests.rig.testbed_crux import run_crux
 from tests.rig.testbed_metrics import (
     JobStats,
@@ -51,6 +58,7 @@ from tests.rig.testbed_metrics import (
     timeline,
     window_of,
 )
+from tests.rig.testbed_run import Logs, run_mode
 
 MODES = ("standalone", "ecmp", "crux", "crux-hints")
 SIM_POLICY = {"standalone": "standalone", "ecmp": "ecmp", "crux": "crux-full",
@@ -58,8 +66,15 @@ SIM_POLICY = {"standalone": "standalone", "ecmp": "ecmp", "crux": "crux-full",
 
 
 def _run(sc: Scenario, policy: Policy, duration_s: float, seed: int | None = None,
-         topo: Topology | None = None) -> SimResult:
+         topo: Topology | None = None,
+         churn: dict[str, tuple[float, float | None]] | None = None) -> SimResult:
+    """The simulator on the scenario; `churn` replaces jobs' (arrival_s, iterations) with
+    what happened on the rig."""
     jobs, settings = simulation_of(sc, policies=["ecmp"], horizon_s=duration_s, seed=seed)
+    if churn:
+        jobs = [dataclasses.replace(j, arrival_s=churn[j.job.id][0],
+                                    iterations=churn[j.job.id][1])
+                if j.job.id in churn else j for j in jobs]
     return simulate(jobs, topo or sc.view.topology, policy, settings.config)
 
 
@@ -70,11 +85,13 @@ def _utilizations(res: SimResult) -> dict[str, Any]:
                      for r in res.jobs}}
 
 
-def simulated(sc: Scenario, duration_s: float) -> dict[str, dict[str, Any]]:
+def simulated(sc: Scenario, duration_s: float,
+              churn: dict[str, tuple[float, float | None]] | None = None,
+              ) -> dict[str, dict[str, Any]]:
     """The simulator on the same file: per policy, cluster and per-job utilisation."""
     out = {}
     for name in ("ecmp", "crux-full"):
-        res = _run(sc, make_policy(name), duration_s)
+        res = _run(sc, make_policy(name), duration_s, churn=churn)
         out[name] = _utilizations(res)
     # alone, a job computes compute_s of every standalone period (the same in every run)
     spec = {j.id: j for j in sc.view.jobs}
@@ -85,10 +102,30 @@ def simulated(sc: Scenario, duration_s: float) -> dict[str, dict[str, Any]]:
     return out
 
 
-def hash_draws(sc: Scenario, duration_s: float, n: int = 20) -> dict[str, float]:
+def churn_as_run(layout: Layout, logs: Logs, lo: float,
+                 hi: float) -> dict[str, tuple[float, float | None]]:
+    """Each arriving or leaving job's timing as it happened in the window, for the
+    simulator: its arrival from the window's start, and for a leaver the iterations it
+    did in the window."""
+    out: dict[str, tuple[float, float | None]] = {}
+    for job in layout.jobs:
+        if not job.churns:
+            continue
+        ranks = logs.get(job.id) or [[]]
+        first = min((r[0]["t0"] for r in ranks if r), default=hi)
+        inside = sum(1 for it in ranks[0] if it["t0"] >= lo)
+        out[job.id] = (max(0.0, first - lo) if job.arrival_s > 0 else 0.0,
+                       float(max(1, inside)) if job.iterations is not None else None)
+    return out
+
+
+def hash_draws(sc: Scenario, duration_s: float, n: int = 20,
+               churn: dict[str, tuple[float, float | None]] | None = None,
+               ) -> dict[str, float]:
     """The simulator's ECMP under `n` hash seeds: which links collide is a draw, in the
     simulator as on the rig (the kernel keys its hash at random per namespace)."""
-    us = [_run(sc, Ecmp(), duration_s, seed=seed).gpu_utilization for seed in range(n)]
+    us = [_run(sc, Ecmp(), duration_s, seed=seed, churn=churn).gpu_utilization
+          for seed in range(n)]
     return {"n": n, "mean": sum(us) / n, "min": min(us), "max": max(us)}
 
 
@@ -100,21 +137,22 @@ def simulated_degraded(sc: Scenario, duration_s: float, leaf: str, spine: str) -
 
 
 def simulated_on(sc: Scenario, duration_s: float,
-                 via: dict[str, dict[tuple[str, str], str]]) -> dict[str, Any]:
+                 via: dict[str, dict[tuple[str, str], str]],
+                 churn: dict[str, tuple[float, float | None]] | None = None,
+                 ) -> dict[str, Any]:
     """The simulator with every job on one level and each hop on the path it was seen
     on: the network model compared on the same collisions, not another hash draw."""
-    return _utilizations(_run(sc, Pinned(via), duration_s))
+    return _utilizations(_run(sc, Pinned(via), duration_s, churn=churn))
 
 
 def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
             warmup_s: float, levels: int, link_down: LinkDown | None) -> dict[str, Any]:
-    plan: dict[str, Any] = {}
-    churn: dict[str, float | None] = {}
     if mode in ("crux", "crux-hints"):
-        logs, carried, plan, churn = run_crux(layout, workdir, duration_s, levels,
-                                              live=mode == "crux", link_down=link_down)
+        run = run_crux(layout, workdir, duration_s, levels, live=mode == "crux",
+                       warmup_s=warmup_s, link_down=link_down)
     else:
-        logs, carried = run_mode(layout, mode, workdir, duration_s)
+        run = run_mode(layout, mode, workdir, duration_s, warmup_s)
+    logs, carried, plan = run.logs, run.carried, run.plan
     gpus = {j.id: j.gpus for j in layout.jobs}
     stats: dict[str, JobStats] = {}
     if mode == "standalone":  # each job's own window
@@ -122,18 +160,23 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
             lo, hi = window_of({jid: ranks}, warmup_s)
             stats[jid] = job_stats(ranks, lo, hi)
     else:
-        lo, hi = window_of(logs, warmup_s)
+        lo, hi = window_of(logs, warmup_s, {j.id for j in layout.jobs if j.churns})
         stats = {jid: job_stats(ranks, lo, hi) for jid, ranks in logs.items()}
     out: dict[str, Any] = {}
     if mode != "standalone":  # the jobs ran one after another there: no common clock
         out["timeline"] = timeline(logs, gpus, lo, hi)
-    if churn and link_down is not None:
-        out["link_down"] = link_down_result(logs, gpus, link_down, churn, lo, hi,
+        out["window_s"] = hi - lo
+        if any(j.churns for j in layout.jobs):
+            out["churn"] = churn_as_run(layout, logs, lo, hi)
+            out["events"] = around(logs, run.events, lo, hi)
+    if run.link and link_down is not None:
+        out["link_down"] = link_down_result(logs, gpus, link_down, run.link, lo, hi,
                                             out["timeline"])
     return {"utilization": cluster_utilization(stats, gpus), **out,
             "paths": layout.observed_paths(carried),
             "jobs": {jid: {"utilization": s.utilization, "iteration_s": s.iteration_s,
                            "iterations": s.iterations, "gpus": gpus[jid],
+                           "present_s": s.present_s,
                            **({k: plan[jid].get(k, 0) for k in ("level", "rank", "k",
                                                                  "intensity")}
                               if jid in plan else {}),
@@ -204,6 +247,11 @@ def main() -> int:
         down = LinkDown.parse(args.link_down) if args.link_down else None
         if down is not None:
             down.check(layout.leaves, layout.spines, args.duration)
+        late = [j.id for j in layout.jobs if j.arrival_s >= args.duration - args.warmup]
+        if late:
+            raise UsageError(f"{', '.join(late)} would arrive after the measured window "
+                             f"(arrival_s counts from its start, which is --warmup "
+                             f"{args.warmup:g} s into the --duration {args.duration:g} s)")
         sim = simulated(sc, args.duration)
     except CruxError as exc:
         print(f"testbed: {exc}", file=sys.stderr)
@@ -219,16 +267,21 @@ def main() -> int:
         for mode in modes:
             m = measure(layout, mode, Path(tmp), args.duration, args.warmup, sc.config.levels,
                         down)
-            m["simulated"] = {"utilization": sim[SIM_POLICY[mode]]["utilization"],
-                              "jobs": sim[SIM_POLICY[mode]]["jobs"]}
+            # with jobs arriving or leaving, the simulator replays them as they happened
+            churn = m.get("churn")
+            horizon = m["window_s"] if churn else args.duration
+            on = simulated(sc, horizon, churn) if churn else sim
+            m["simulated"] = {"utilization": on[SIM_POLICY[mode]]["utilization"],
+                              "jobs": on[SIM_POLICY[mode]]["jobs"]}
             if "link_down" in m and down is not None:
                 m["link_down"]["simulated_after"] = simulated_degraded(
                     sc, args.duration, layout.leaf_ids[down.leaf],
                     layout.spine_ids[down.spine])
             if mode == "ecmp":
-                m["simulated"]["hash_draws"] = hash_draws(sc, args.duration)
+                m["simulated"]["hash_draws"] = hash_draws(sc, horizon, churn=churn)
             if mode == "ecmp" and m["paths"]:
-                m["simulated"]["observed_paths"] = simulated_on(sc, args.duration, m["paths"])
+                m["simulated"]["observed_paths"] = simulated_on(sc, horizon, m["paths"],
+                                                                churn)
             m["paths"] = {j: {f"{a}->{b}": sp for (a, b), sp in v.items()}
                           for j, v in m["paths"].items()}
             result["modes"][mode] = m
@@ -278,6 +331,15 @@ def print_tables(result: dict[str, Any]) -> None:
                   f"after, simulated on the fabric without the cable "
                   f"{d['simulated_after']:.3f}")
     for mode, m in result["modes"].items():
+        if m.get("events"):
+            jobs = list(m["jobs"])
+            print(f"\n{mode}: jobs arriving and leaving (median iteration s, before the "
+                  f"event -> after the plan that took it in)")
+            print(table(["event", "at s", "plan after", *jobs],
+                        [[f"{e['job']} {e['event']}s", f"{e['at_s']:.1f}",
+                          _secs(e["decided_s"]) if mode != "ecmp" else "(no leader)",
+                          *(_phase(e["jobs"][j]) for j in jobs)] for e in m["events"]]))
+    for mode, m in result["modes"].items():
         print(f"\n{mode}")
         print(table(["job", "GPUs", "iteration s", "iterations", "utilisation"],
                     [[j, s["gpus"], f"{s['iteration_s']:.3f}", s["iterations"],
@@ -312,6 +374,10 @@ def plot(path: Path, result: dict[str, Any]) -> None:
 
 def _secs(x: float | None) -> str:
     return "- (not within the window)" if x is None else f"{x:.1f} s"
+
+
+def _phase(p: dict[str, float | None]) -> str:
+    return " -> ".join("-" if p[k] is None else f"{p[k]:.3f}" for k in ("before_s", "after_s"))
 
 
 def _num(x: float | None) -> str:

@@ -20,9 +20,10 @@ from cruxd.scenario import load_scenario
 from tests.rig.fabric import can_build_jhash
 from tests.rig.probe import spine_of as spine_of_hop
 from tests.rig.tcp import can_steer_tcp
-from tests.rig.testbed import Layout, SpineBytes, run_mode
+from tests.rig.testbed import Layout, SpineBytes
 from tests.rig.testbed_crux import run_crux
 from tests.rig.testbed_metrics import cluster_utilization, job_stats, window_of
+from tests.rig.testbed_run import run_mode
 
 WHY = can_steer_tcp() or can_build_jhash()  # nft counts the bytes per spine
 pytestmark = [pytest.mark.root, pytest.mark.slow,
@@ -63,8 +64,8 @@ def utilization(layout: Layout, logs: dict[str, list[list[dict[str, float]]]]) -
 def test_crux_beats_ecmp_and_each_job_keeps_to_its_planned_spine(tmp_path: Path) -> None:
     layout = Layout.of(load_scenario(scenario(tmp_path)))
     for attempt in range(4):
-        logs, carried = run_mode(layout, "ecmp", tmp_path / f"e{attempt}", DURATION_S,
-                                 progress=False)
+        run = run_mode(layout, "ecmp", tmp_path / f"e{attempt}", DURATION_S, progress=False)
+        logs, carried = run.logs, run.carried
         spines = {j: spine_of(carried, j) for j in ("big", "s1", "s2")}
         shared = any(spines["big"][hop] == spines[s][other]
                      for hop in spines["big"] for s in ("s1", "s2") for other in spines[s]
@@ -74,8 +75,8 @@ def test_crux_beats_ecmp_and_each_job_keeps_to_its_planned_spine(tmp_path: Path)
         print(f"ecmp run {attempt}: the big job had its spines to itself; again")
     ecmp = utilization(layout, logs)
 
-    logs, carried, plan, _ = run_crux(layout, tmp_path / "c", DURATION_S, levels=3,
-                                      live=False, progress=False)
+    run = run_crux(layout, tmp_path / "c", DURATION_S, levels=3, live=False, progress=False)
+    logs, carried, plan = run.logs, run.carried, run.plan
     crux = utilization(layout, logs)
     print(f"cluster GPU utilisation: ecmp {ecmp:.3f}, crux-hints {crux:.3f}; "
           f"levels {({j: plan[j].get('level', 0) for j in plan})}")

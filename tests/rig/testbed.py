@@ -6,23 +6,14 @@ link's rate is multiplied by `scale` (Gbit/s x 1e-3 = Mbit/s at the default). Ea
 bytes are multiplied by the same factor, so its transfer times, and with them its
 compute-to-communication ratio, stay those of the profile; compute times are not scaled.
 
-`run_mode` starts the jobs (`tests/rig/ringjob.py`, one process per host of a job) in one
-mode and returns their iteration logs:
-    standalone  one job at a time, alone on the fabric: the ideal;
-    ecmp        all jobs together, no cruxd: the kernel's ECMP picks paths, DSCP 0.
+A job whose scenario entry has `arrival_s` starts that long after the measured window
+opens, and one with `iterations` leaves after that many iterations in the window
+(tests/rig/testbed_churn.py). tests/rig/testbed_run.py runs the jobs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from cruxd.errors import UsageError
 from cruxd.model.topology import NodeKind, Topology
@@ -30,13 +21,6 @@ from cruxd.scenario import Scenario
 from tests.rig.fabric import MAX_HOSTS, MAX_SPINES, Fabric
 
 RING_PORT = 5301  # every rank listens here; one job per host (see Layout.of)
-# The ring's TCP, scaled with the fabric (tests/rig/ringjob.py): socket buffers of about
-# a scaled link's bandwidth-delay product plus its 32-packet queue (48 KB, 2 ms at 200
-# Mbit/s), not the kernel's megabytes; and loss-based cubic, whose sharing of a queue
-# comes nearest the simulator's max-min, where this kernel's default bbr overruns it.
-RING_SOCKBUF = 64 << 10
-RING_TCP_CC = "cubic"
-RINGJOB = Path(__file__).with_name("ringjob.py")
 Hop = tuple[str, str]  # (src host, dst host) of a ring hop
 SpineBytes = dict[str, dict[Hop, list[int]]]  # per job and hop between leaves, per spine
 
@@ -52,6 +36,13 @@ class EmuJob:
     flops: float = 0.0  # W_j, what crux-hints declares
     model_bytes: float = 0.0  # unscaled, what crux-hints declares
     host_gpus: tuple[int, ...] = ()  # GPUs on each host of the ring
+    arrival_s: float = 0.0  # starts this long after the measured window opens
+    iterations: int | None = None  # leaves after this many iterations in the window
+
+    @property
+    def churns(self) -> bool:
+        """Whether the job arrives or leaves mid-run."""
+        return self.arrival_s > 0 or self.iterations is not None
 
     @property
     def hops(self) -> list[tuple[str, str]]:
@@ -99,14 +90,9 @@ class Layout:
             raise UsageError(f"{sc.name}: at most {MAX_SPINES} spines and {MAX_HOSTS} hosts")
         order = [h for t in tors for h in per_leaf[t]]
         host_map = {h: f"h{k}" for k, h in enumerate(order)}
-        late = [j.id for j, t in zip(sc.view.jobs, sc.simulation.timing, strict=True)
-                if t.arrival_s > 0]
-        if late:
-            raise UsageError(f"{sc.name}: {', '.join(late)} arrive after the start "
-                             f"(arrival_s); the testbed starts every job at once for now")
         jobs = []
         used: dict[str, str] = {}
-        for j in sc.view.jobs:
+        for j, timing in zip(sc.view.jobs, sc.simulation.timing, strict=True):
             ring = tuple(h for h, _ in j.hosts)
             for h in ring:
                 if h in used:
@@ -118,7 +104,9 @@ class Layout:
                                j.overlap, int(hop * scale), j.flops,
                                # a ring hop carries 2(K-1)/K of the model over K GPUs
                                hop * j.gpus / (2 * max(1, j.gpus - 1)),
-                               tuple(g for _, g in j.hosts)))
+                               tuple(g for _, g in j.hosts), timing.arrival_s,
+                               None if timing.iterations is None
+                               else max(1, round(timing.iterations))))
         return Layout(len(tors), sizes.pop(), len(aggs), host_gbps.pop() * 1e3 * scale,
                       up.pop() * 1e3 * scale, tuple(jobs), tuple(order), tuple(aggs),
                       tuple(tors))
@@ -161,108 +149,3 @@ def _tor_of(topo: Topology, host: str) -> str:
         raise UsageError(f"{topo.name}: {host} links to {sorted(tors)}; the rig hangs each "
                          f"host off one leaf")
     return tors.pop()
-
-
-# --- running jobs -------------------------------------------------------------------------
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    return env
-
-
-def start_job(f: Fabric, job: EmuJob, logdir: Path, duration_s: float,
-              wrap: dict[str, list[str]] | None = None) -> list[subprocess.Popen[bytes]]:
-    """The job's ranks, one per host; `wrap[host]` prefixes a rank's command (crux-run)."""
-    peers = ",".join(f"{f.address(h)}:{RING_PORT}" for h in job.hosts)
-    logdir.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for rank, host in enumerate(job.hosts):
-        log = logdir / f"{job.id}.{rank}.jsonl"
-        cmd = [sys.executable, str(RINGJOB), "--rank", str(rank), "--peers", peers,
-               "--hop-bytes", str(job.hop_bytes), "--compute-s", str(job.compute_s),
-               "--overlap", str(job.overlap), "--duration-s", str(duration_s),
-               "--log", str(log), "--sockbuf", str(RING_SOCKBUF), "--tcp-cc", RING_TCP_CC]
-        out = (logdir / f"{job.id}.{rank}.out").open("wb")
-        procs.append(subprocess.Popen(["ip", "netns", "exec", f.ns(host),
-                                       *(wrap or {}).get(host, []), *cmd],
-                                      stdout=out, stderr=subprocess.STDOUT, env=_env()))
-        out.close()
-    return procs
-
-
-def wait_jobs(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def stop_jobs(procs: list[subprocess.Popen[bytes]], grace_s: float = 5.0) -> None:
-    """SIGTERM (a rank ends after its current iteration), then SIGKILL after `grace_s`."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    wait_jobs(procs, grace_s)
-
-
-def read_logs(logdir: Path, job: EmuJob) -> list[list[dict[str, float]]]:
-    """Each rank's iterations, in order."""
-    out = []
-    for rank in range(len(job.hosts)):
-        path = logdir / f"{job.id}.{rank}.jsonl"
-        lines = path.read_text().splitlines() if path.exists() else []
-        out.append([json.loads(ln) for ln in lines if ln.strip()])
-    return out
-
-
-@contextlib.contextmanager
-def spine_bytes(f: Fabric, jobs: tuple[EmuJob, ...]) -> Iterator[Callable[[], SpineBytes]]:
-    """While open, count the bytes of every job's ring hops between leaves on each spine
-    (nft counters on the sending leaf's uplinks, by addresses and the ring port)."""
-    with contextlib.ExitStack() as stack:
-        readers: dict[str, dict[Hop, Callable[[], list[int]]]] = {}
-        for job in jobs:
-            for a, b in job.hops:
-                if f.leaf_of(a) != f.leaf_of(b):
-                    readers.setdefault(job.id, {})[(a, b)] = stack.enter_context(
-                        f.uplink_counts(a, b, None, "tcp", RING_PORT, what="bytes"))
-        yield lambda: {j: {hop: read() for hop, read in hops.items()}
-                       for j, hops in readers.items()}
-
-
-Logs = dict[str, list[list[dict[str, float]]]]
-
-
-def run_mode(layout: Layout, mode: str, workdir: Path, duration_s: float,
-             progress: bool = True) -> tuple[Logs, SpineBytes]:
-    """Iteration logs per job for `mode` ("standalone" or "ecmp"), times in epoch seconds,
-    and the bytes each job's hops put on each spine (ecmp; empty for standalone)."""
-    logdir = workdir / mode
-    logdir.mkdir(parents=True, exist_ok=True)
-    logs: Logs = {}
-    carried: SpineBytes = {}
-    with layout.fabric() as f:
-        if mode == "standalone":
-            for job in layout.jobs:
-                if progress:
-                    print(f"[testbed] standalone: {job.id} alone for {duration_s:g} s",
-                          file=sys.stderr, flush=True)
-                wait_jobs(start_job(f, job, logdir, duration_s), duration_s + 90)
-                logs[job.id] = read_logs(logdir, job)
-        elif mode == "ecmp":
-            if progress:
-                print(f"[testbed] ecmp: {len(layout.jobs)} jobs for {duration_s:g} s",
-                      file=sys.stderr, flush=True)
-            with spine_bytes(f, layout.jobs) as read:
-                procs = [p for job in layout.jobs
-                         for p in start_job(f, job, logdir, duration_s)]
-                wait_jobs(procs, duration_s + 90)
-                carried = read()
-            logs = {job.id: read_logs(logdir, job) for job in layout.jobs}
-        else:
-            raise UsageError(f"unknown mode {mode!r}")
-    return logs, carried

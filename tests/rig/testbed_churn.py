@@ -1,4 +1,11 @@
-"""Churn on the emulated testbed: a leaf-spine cable failing in the middle of a run.
+"""Churn on the emulated testbed: jobs arriving and leaving, and a leaf-spine cable
+failing, in the middle of a run.
+
+`JobChurn` starts each job whose scenario entry has `arrival_s` that many seconds after
+the measured window opens, and stops each job with `iterations` once it has done that
+many inside the window (SIGTERM: its ranks end after the current iteration). With a
+leader to ask, it times each event to the leader's plan that took it in: the arrival
+scheduled with its TCP ports, the leaver gone.
 
 `LinkDown` takes the cable down (`Fabric.set_link`, which also converges routing the
 way the fabric's BGP would) `at_s` seconds into the measuring window. With a leader
@@ -10,16 +17,22 @@ when each job's iterations were back at the steady state they reached afterwards
 
 from __future__ import annotations
 
+import json
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from cruxd.errors import UsageError
 from cruxd.model.topology import NodeKind, Topology, TopologyBuilder
 from tests.rig.fabric import Fabric
 from tests.rig.testbed_metrics import Logs
+
+if TYPE_CHECKING:  # tests.rig.testbed runs JobChurn
+    from tests.rig.testbed import EmuJob
 
 RECOVERED = 1.10  # within 10 % of the steady iteration time after the failure
 STEADY_TAIL = 0.3  # the steady state: the last 30 % of the iterations after it
@@ -134,3 +147,116 @@ def cluster_recovery(bins: list[tuple[float, float]], at_s: float,
     first = next((i for i in range(len(means))
                   if all(abs(m - steady) <= within * steady for m in means[i:])), None)
     return None if first is None else after[first][0] - at_s
+
+
+@dataclass
+class JobEvent:
+    job: str
+    kind: str  # "arrive" | "leave"
+    at: float  # epoch seconds
+    decided_s: float | None = None  # from the event to the leader's plan that took it in
+
+
+class JobChurn:
+    """Arrivals and departures during a run, in a thread (a context manager).
+
+    The window opens `warmup_s` after every job present from the start has begun an
+    iteration at or after `since` (epoch s), which is where the bench's window starts
+    too (testbed_metrics.window_of). `start(job)` launches a job's ranks and `stop(job)`
+    ends them; `decided(event, leader_status)` says whether the leader's plan has taken
+    an event in (None: no leader, as under ECMP)."""
+
+    def __init__(self, jobs: tuple[EmuJob, ...], logdir: Path, since: float, warmup_s: float,
+                 start: Callable[[EmuJob], None], stop: Callable[[EmuJob], None],
+                 leader: Callable[[], dict[str, Any]] | None = None,
+                 decided: Callable[[JobEvent, dict[str, Any]], bool] | None = None) -> None:
+        self.jobs = [j for j in jobs if j.churns]
+        self.initial = [j for j in jobs if j.arrival_s <= 0]
+        self.logdir, self.since, self.warmup_s = logdir, since, warmup_s
+        self.start, self.stop = start, stop
+        self.leader, self.decided = leader, decided
+        self.events: list[JobEvent] = []
+        self.opened: float | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> JobChurn:
+        if self.jobs:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _starts(self, job: EmuJob) -> list[float]:
+        """Rank 0's iteration starts at or after `since`."""
+        path = self.logdir / f"{job.id}.0.jsonl"
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for ln in lines:
+            try:
+                t0 = float(json.loads(ln)["t0"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line still being written
+            if t0 >= self.since:
+                out.append(t0)
+        return out
+
+    def _loop(self) -> None:
+        started = {j.id for j in self.initial}
+        stopped: set[str] = set()
+        while not self._done.wait(0.1):
+            now = time.time()
+            if self.opened is None:
+                firsts = [self._starts(j)[:1] for j in self.initial]
+                if all(firsts):
+                    self.opened = max(f[0] for f in firsts) + self.warmup_s
+                continue
+            for job in self.jobs:
+                if job.id not in started and now >= self.opened + job.arrival_s:
+                    started.add(job.id)
+                    self.start(job)
+                    self.events.append(JobEvent(job.id, "arrive", time.time()))
+                elif (job.id in started and job.id not in stopped and job.iterations
+                      and sum(t >= self.opened for t in self._starts(job)) >= job.iterations):
+                    stopped.add(job.id)
+                    self.stop(job)
+                    self.events.append(JobEvent(job.id, "leave", time.time()))
+            waiting = [e for e in self.events if e.decided_s is None]
+            if waiting and self.leader is not None and self.decided is not None:
+                doc = self.leader()
+                for e in waiting:
+                    if self.decided(e, doc):
+                        e.decided_s = time.time() - e.at
+
+
+def around(logs: dict[str, Logs], events: list[JobEvent], lo: float,
+           hi: float) -> list[dict[str, Any]]:
+    """Per event, each job's median iteration time (rank 0) before it (since the last
+    event, or the window's start) and after it took effect (from the leader's plan, or
+    from the event itself without a leader, to the next event or the window's end):
+    where a re-plan shows in the jobs' iterations."""
+    out = []
+    ordered = sorted(events, key=lambda e: e.at)
+    times = [e.at for e in ordered]
+    for k, e in enumerate(ordered):
+        since = max(lo, times[k - 1] if k else lo)
+        until = min(hi, times[k + 1] if k + 1 < len(times) else hi)
+        effect = e.at + (e.decided_s or 0.0)
+        jobs: dict[str, dict[str, float | None]] = {}
+        for jid, ranks in logs.items():
+            its = ranks[0] if ranks else []
+            before = [it["end"] - it["t0"] for it in its if since <= it["t0"] and
+                      it["end"] <= e.at]
+            after = [it["end"] - it["t0"] for it in its if effect <= it["t0"] and
+                     it["end"] <= until]
+            jobs[jid] = {"before_s": statistics.median(before) if before else None,
+                         "after_s": statistics.median(after) if after else None}
+        out.append({"job": e.job, "event": e.kind, "at_s": e.at - lo,
+                    "decided_s": e.decided_s, "jobs": jobs})
+    return out

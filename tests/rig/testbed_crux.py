@@ -28,18 +28,9 @@ from typing import Any
 from cruxd.scheduler.dscp import level_dscp
 from cruxd.testing import BIN, Daemon, running, status, wait_for
 from tests.rig.fabric import Fabric
-from tests.rig.testbed import (
-    RING_PORT,
-    EmuJob,
-    Layout,
-    Logs,
-    SpineBytes,
-    read_logs,
-    spine_bytes,
-    start_job,
-    stop_jobs,
-)
-from tests.rig.testbed_churn import LinkDown, fail_link
+from tests.rig.testbed import RING_PORT, EmuJob, Layout
+from tests.rig.testbed_churn import JobChurn, JobEvent, LinkDown, fail_link
+from tests.rig.testbed_run import JobProcs, ModeRun, read_logs, spine_bytes, stop_jobs
 
 LEADER_PORT = 7470
 PEAK_TFLOPS = 312.0  # the replayed GPUs: A100s
@@ -137,17 +128,19 @@ def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...],
 
 
 def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live: bool,
-             progress: bool = True, link_down: LinkDown | None = None,
-             ) -> tuple[Logs, SpineBytes, dict[str, Any], dict[str, float | None]]:
+             warmup_s: float = 0.0, progress: bool = True,
+             link_down: LinkDown | None = None) -> ModeRun:
     """Iteration logs per job after the plan, the bytes each job's hops put on each spine
     meanwhile, the leader's view of each job (levels, routes, measurement) as the
-    window began, and with `link_down`, when the cable went and how long the leader
-    took to re-plan (tests/rig/testbed_churn.py)."""
+    window began, with `link_down` when the cable went and how long the leader took to
+    re-plan, and the jobs' arrivals and departures with the time each took to plan
+    (tests/rig/testbed_churn.py)."""
     mode = "crux" if live else "crux-hints"
     logdir = workdir / mode
     logdir.mkdir(parents=True, exist_ok=True)
     dscp = level_dscp(levels)
     on = {h: (job, rank) for job in layout.jobs for rank, h in enumerate(job.hosts)}
+    initial = tuple(j for j in layout.jobs if j.arrival_s <= 0)
     with layout.fabric(dscp_by_level=dscp) as f:
         root = workdir / ("dl" if live else "dh")  # short: an agent's socket path is
         # at most 107 bytes, and pytest's temporary directories are long
@@ -162,43 +155,60 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
                 cfg["probing"]["interval_s"] = REVERIFY_S  # the sweep after it
             daemons.append(Daemon(root, h, cfg, netns=f.ns(h)))
         sock = {d.name: d.socket for d in daemons}
+
+        def wrap(job: EmuJob) -> dict[str, list[str]]:
+            """crux-run from the start: a rank rebuilds its ring when its decisions change."""
+            return {host: [str(BIN / "crux-run"), "--socket", str(sock[host]), "--job-id",
+                           job.id, *_args(layout, job, rank, live), "--"]
+                    for rank, host in enumerate(job.hosts)}
+
+        def leader() -> dict[str, Any]:
+            return status(sock["h0"])
+
+        def decided(event: JobEvent, doc: dict[str, Any]) -> bool:
+            job = next(j for j in layout.jobs if j.id == event.job)
+            if event.kind == "arrive":
+                return planned(doc, (job,), profiled=live) is not None
+            return not any(j["job_id"] == job.id and j.get("state") == "JOB_STATE_SCHEDULED"
+                           for j in (doc.get("cluster") or {}).get("jobs", []))
+
         with running(daemons, "agent h") as procs:  # killed on the way out, whatever happens
-            for job in layout.jobs:  # under crux-run from the start: a rank rebuilds its
-                wrap = {host: [str(BIN / "crux-run"), "--socket", str(sock[host]),  # ring
-                               "--job-id", job.id, *_args(layout, job, rank, live), "--"]  # when
-                        for rank, host in enumerate(job.hosts)}  # its decisions change
-                procs += start_job(f, job, logdir, 1e6, wrap)
+            jobs = JobProcs(f, logdir, time.time() + 1e6, wrap, owner=procs)
+            for job in initial:
+                jobs.start(job)
             _say(progress, f"{mode}: waiting for the plan (probing"
                  f"{', profiling each job alone' if live else ''}, then planning)")
             t0 = time.monotonic()
             seen: list[dict[str, Any]] = [{}]
 
             def ready() -> dict[str, Any] | None:
-                seen[0] = status(sock["h0"])
-                return planned(seen[0], layout.jobs, profiled=live)
+                seen[0] = leader()
+                return planned(seen[0], initial, profiled=live)
             try:
                 plan = wait_for("every job scheduled with TCP ports", ready, timeout=120 + (
-                    len(layout.jobs) * PROFILING_S * 2 if live else 0))
+                    len(initial) * PROFILING_S * 2 if live else 0))
             except AssertionError as exc:
                 stop_jobs(procs)
                 raise AssertionError(f"{exc}; jobs: {summary(seen[0])}") from None
             # the tables take the plan, then each ring rebuilds after its current iteration
-            time.sleep(2.0 + 2 * max(standalone_period(layout, j) for j in layout.jobs))
-            plan = planned(status(sock["h0"]), layout.jobs) or plan
+            time.sleep(2.0 + 2 * max(standalone_period(layout, j) for j in initial))
+            plan = planned(leader(), initial) or plan
             settled = time.time()
             _say(progress, f"{mode}: planned after {time.monotonic() - t0:.1f} s; measuring "
                  f"{duration_s:g} s")
-            churn: dict[str, float | None] = {}
+            link: dict[str, float | None] = {}
             with spine_bytes(f, layout.jobs) as read:
                 end = time.time() + duration_s
-                if link_down is not None:
-                    churn = fail_link(f, link_down, end, lambda: status(sock["h0"]))
-                time.sleep(max(0.0, end - time.time()))
+                with JobChurn(layout.jobs, logdir, settled, warmup_s, jobs.start, jobs.stop,
+                              leader, decided) as churn:
+                    if link_down is not None:
+                        link = fail_link(f, link_down, end, leader)
+                    time.sleep(max(0.0, end - time.time()))
                 carried = read()
             stop_jobs(procs)
             logs = {job.id: [[it for it in rank if it["t0"] >= settled]
                              for rank in read_logs(logdir, job)] for job in layout.jobs}
-    return logs, carried, plan, churn
+    return ModeRun(logs, carried, plan, link, churn.events)
 
 
 def summary(doc: dict[str, Any]) -> dict[str, str]:
