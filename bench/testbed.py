@@ -333,8 +333,8 @@ def print_tables(result: dict[str, Any]) -> None:
     for mode, m in result["modes"].items():
         if m.get("events"):
             jobs = list(m["jobs"])
-            print(f"\n{mode}: jobs arriving and leaving (median iteration s, before the "
-                  f"event -> after the plan that took it in)")
+            print(f"\n{mode}: jobs arriving and leaving (median iteration s: before the "
+                  f"event / until the plan that took it in / after that plan)")
             print(table(["event", "at s", "plan after", *jobs],
                         [[f"{e['job']} {e['event']}s", f"{e['at_s']:.1f}",
                           _secs(e["decided_s"]) if mode != "ecmp" else "(no leader)",
@@ -356,9 +356,13 @@ def plot(path: Path, result: dict[str, Any]) -> None:
     for mode, m in result["modes"].items():
         if "timeline" in m:
             xs, ys = zip(*m["timeline"], strict=True) if m["timeline"] else ((), ())
-            ax.plot(xs, ys, label=f"{mode} ({m['utilization']:.3f})")
+            line = ax.plot(xs, ys, label=f"{mode} ({m['utilization']:.3f})")
             if "link_down" in m:
                 ax.axvline(m["link_down"]["at_s"], color="grey", linestyle=":")
+            for e in m.get("events", []):  # arrivals and departures, as they happened
+                ax.axvline(e["at_s"], color=line[0].get_color(), linestyle=":", alpha=0.6)
+                ax.annotate(f"{e['job']} {e['event']}s", (e["at_s"], 0.02), rotation=90,
+                            fontsize=7, color=line[0].get_color())
         elif mode == "standalone":
             ax.axhline(m["utilization"], color="black", linestyle="--",
                        label=f"standalone ({m['utilization']:.3f})")
@@ -377,7 +381,8 @@ def _secs(x: float | None) -> str:
 
 
 def _phase(p: dict[str, float | None]) -> str:
-    return " -> ".join("-" if p[k] is None else f"{p[k]:.3f}" for k in ("before_s", "after_s"))
+    return " / ".join("-" if p[k] is None else f"{p[k]:.3f}"
+                      for k in ("before_s", "until_plan_s", "after_s"))
 
 
 def _num(x: float | None) -> str:

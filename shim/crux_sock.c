@@ -12,6 +12,10 @@
  *     sockets to one peer spread over the set; a port in use is skipped).
  * A source port only selects the probed path toward the destination port it was probed with,
  * so any other destination port gets the traffic class alone.
+ * On accept() / accept4() of a TCP connection the accepted socket gets the class of the same
+ * lookup for the connecting peer (its ACKs, and any data sent back, ride the job's level): at
+ * DSCP 0 a high-priority job's ACKs queued behind its own top-level data on the reverse link
+ * and slowed it by a fifth on the emulated testbed (docs/shim.md, "Accepted connections").
  *
  * Model: cwrap's socket_wrapper. The real connect is resolved once (dlsym RTLD_NEXT under
  * pthread_once); every internal problem falls through to it with the caller's errno intact;
@@ -52,9 +56,13 @@
 #define CACHE_SLOTS 16          /* lookups remembered per process, by peer */
 
 typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
+typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
+typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static connect_fn real_connect;
+static accept_fn real_accept;
+static accept4_fn real_accept4;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_uint rotation; /* per process: where the next socket starts in a port set */
 /* connect() is async-signal-safe, so a signal handler may call it while this thread holds the
@@ -115,6 +123,8 @@ static void atfork_child(void)
 static void init_once(void)
 {
     real_connect = (connect_fn)dlsym(RTLD_NEXT, "connect");
+    real_accept = (accept_fn)dlsym(RTLD_NEXT, "accept");
+    real_accept4 = (accept4_fn)dlsym(RTLD_NEXT, "accept4");
     st.off = strcmp(env_or("CRUX_SOCK", "1"), "0") == 0;
     const char *job = env_or("CRUX_JOB_ID", "");
     if (strlen(job) < sizeof st.job) /* a longer id cannot be in the table: NO_JOB */
@@ -268,29 +278,104 @@ static void log_line(int fd, const uint8_t peer[16], uint16_t dport,
             o->traffic_class);
 }
 
+/* The peer of an address as the table holds it (::ffff:a.b.c.d for IPv4); 0 if not IP. */
+static int peer_of(const struct sockaddr *addr, socklen_t len, uint8_t peer[16], uint16_t *port)
+{
+    memset(peer, 0, 16);
+    if (addr->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)addr;
+        peer[10] = peer[11] = 0xff;
+        memcpy(peer + 12, &a->sin_addr, 4);
+        *port = ntohs(a->sin_port);
+        return 1;
+    }
+    if (addr->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)addr;
+        memcpy(peer, &a->sin6_addr, 16);
+        *port = ntohs(a->sin6_port);
+        return 1;
+    }
+    return 0;
+}
+
+/* The decision for the job and `peer` (under the lock): its index, or -1 with the outcome
+ * that says why there is none in *outcome. */
+static int lookup(const uint8_t peer[16], struct crux_table_entry *e, int *outcome)
+{
+    if (st.job[0] == '\0') {
+        *outcome = CRUX_SOCK_NO_JOB;
+        return -1;
+    }
+    if (crux_tablemap_refresh(&st.map, st.table_path)) /* another file: what we */
+        memset(cache, 0, sizeof cache);                /* remember says nothing */
+    if (st.map.missing) {
+        *outcome = CRUX_SOCK_NO_TABLE;
+        return -1;
+    }
+    if (crux_table_validate(st.map.table, st.map.len) != 0) {
+        *outcome = CRUX_SOCK_BAD_TABLE;
+        return -1;
+    }
+    int found = decision(peer, e);
+    if (found < 0)
+        *outcome = CRUX_SOCK_NO_ENTRY;
+    return found;
+}
+
+/* An accepted TCP connection takes the class its peer's decision gives (after the real
+ * accept, on the new socket); counted in `accepts` when it did. Never fails the accept. */
+static void mark_accepted(int fd)
+{
+    pthread_once(&once, init_once);
+    if (st.off || in_steer || fd < 0)
+        return;
+    struct sockaddr_storage peer_addr, self;
+    socklen_t plen = sizeof peer_addr, slen = sizeof self;
+    uint8_t peer[16];
+    uint16_t pport = 0;
+    int proto = 0;
+    socklen_t olen = sizeof proto;
+    if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &olen) != 0 || proto != IPPROTO_TCP
+        || getpeername(fd, (struct sockaddr *)&peer_addr, &plen) != 0
+        || !peer_of((struct sockaddr *)&peer_addr, plen, peer, &pport)
+        || getsockname(fd, (struct sockaddr *)&self, &slen) != 0)
+        return;
+    struct crux_table_entry e;
+    int outcome = -1;
+    in_steer = 1;
+    pthread_mutex_lock(&lock);
+    int found = lookup(peer, &e, &outcome);
+    struct crux_sockrec *rec = found >= 0 ? rec_file() : NULL;
+    pthread_mutex_unlock(&lock);
+    in_steer = 0;
+    if (found < 0)
+        return; /* no class for it: the connection stays as the program made it */
+    set_class(fd, self.ss_family, IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)peer),
+              e.traffic_class);
+    if (rec != NULL)
+        atomic_fetch_add_explicit((_Atomic uint64_t *)&rec->accepts, 1, memory_order_relaxed);
+    if (st.log) {
+        char text[INET6_ADDRSTRLEN] = "?";
+        if (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)peer))
+            inet_ntop(AF_INET, peer + 12, text, sizeof text);
+        else
+            inet_ntop(AF_INET6, peer, text, sizeof text);
+        fprintf(stderr, "crux-sock: pid %d fd %d <- %s port %u job '%s': accepted, tos %d\n",
+                (int)getpid(), fd, text, pport, st.job, e.traffic_class);
+    }
+}
+
 /* Everything the interposer does before the real connect (crux_sockrec.h). */
 EXPORT int crux_sock_steer(int fd, const struct sockaddr *addr, socklen_t len,
                            struct crux_sock_steered *o)
 {
-    uint8_t peer[16] = {0};
-    uint16_t dport;
+    uint8_t peer[16];
+    uint16_t dport = 0;
     o->outcome = o->traffic_class = -1;
     o->sport = 0;
     pthread_once(&once, init_once);
-    if (st.off || addr == NULL || in_steer)
+    if (st.off || addr == NULL || in_steer || !peer_of(addr, len, peer, &dport))
         return 0;
-    if (addr->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)addr;
-        peer[10] = peer[11] = 0xff; /* ::ffff:a.b.c.d, the table's form */
-        memcpy(peer + 12, &a->sin_addr, 4);
-        dport = ntohs(a->sin_port);
-    } else if (addr->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)addr;
-        memcpy(peer, &a->sin6_addr, 16);
-        dport = ntohs(a->sin6_port);
-    } else {
-        return 0;
-    }
     int proto = 0;
     socklen_t plen = sizeof proto;
     if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &plen) != 0 || proto != IPPROTO_TCP)
@@ -314,21 +399,9 @@ EXPORT int crux_sock_steer(int fd, const struct sockaddr *addr, socklen_t len,
     }
 
     struct crux_table_entry e;
-    int found = -1;
     in_steer = 1;
     pthread_mutex_lock(&lock);
-    if (st.job[0] == '\0') {
-        o->outcome = CRUX_SOCK_NO_JOB;
-    } else {
-        if (crux_tablemap_refresh(&st.map, st.table_path)) /* another file: what we */
-            memset(cache, 0, sizeof cache);                /* remember says nothing */
-        if (st.map.missing)
-            o->outcome = CRUX_SOCK_NO_TABLE;
-        else if (crux_table_validate(st.map.table, st.map.len) != 0)
-            o->outcome = CRUX_SOCK_BAD_TABLE;
-        else if ((found = decision(peer, &e)) < 0)
-            o->outcome = CRUX_SOCK_NO_ENTRY;
-    }
+    int found = lookup(peer, &e, &o->outcome);
     struct crux_sockrec *rec = rec_file();
     pthread_mutex_unlock(&lock);
     in_steer = 0;
@@ -371,4 +444,30 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
     if (real_connect == NULL) /* no next definition: call the kernel ourselves */
         return (int)syscall(SYS_connect, fd, addr, len);
     return real_connect(fd, addr, len);
+}
+
+EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
+{
+    pthread_once(&once, init_once);
+    int r = real_accept != NULL ? real_accept(fd, addr, len)
+                                : (int)syscall(SYS_accept4, fd, addr, len, 0);
+    if (r >= 0) {
+        int saved = errno;
+        mark_accepted(r);
+        errno = saved;
+    }
+    return r;
+}
+
+EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+    pthread_once(&once, init_once);
+    int r = real_accept4 != NULL ? real_accept4(fd, addr, len, flags)
+                                 : (int)syscall(SYS_accept4, fd, addr, len, flags);
+    if (r >= 0) {
+        int saved = errno;
+        mark_accepted(r);
+        errno = saved;
+    }
+    return r;
 }

@@ -53,7 +53,9 @@ struct crux_sockrec {
     char job_id[64];       /* $CRUX_JOB_ID, NUL-padded; empty without one */
     uint64_t counters[CRUX_SOCKREC_COUNTERS]; /* counted connects by enum crux_sock_outcome */
     uint64_t created_ns;   /* CLOCK_REALTIME when the file was made */
-    uint8_t reserved[24];
+    uint64_t accepts;      /* accepted TCP connections given the class of their peer's
+                              decision (0 from a writer that predates it: it was reserved) */
+    uint8_t reserved[16];
 };
 
 _Static_assert(offsetof(struct crux_sockrec, version) == 8, "sockrec version offset");
@@ -63,6 +65,7 @@ _Static_assert(offsetof(struct crux_sockrec, calls) == 24, "sockrec calls offset
 _Static_assert(offsetof(struct crux_sockrec, job_id) == 32, "sockrec job_id offset");
 _Static_assert(offsetof(struct crux_sockrec, counters) == 96, "sockrec counters offset");
 _Static_assert(offsetof(struct crux_sockrec, created_ns) == 224, "sockrec created offset");
+_Static_assert(offsetof(struct crux_sockrec, accepts) == 232, "sockrec accepts offset");
 _Static_assert(sizeof(struct crux_sockrec) == CRUX_SOCKREC_SIZE, "sockrec size");
 _Static_assert(CRUX_SOCK_OUT_COUNT <= CRUX_SOCKREC_COUNTERS, "outcomes fit the counters");
 

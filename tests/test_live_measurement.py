@@ -86,6 +86,25 @@ def test_estimate_job_units() -> None:
     none = estimate_job(rates, rate_hz, gpu, inv, set())
     assert none is not None and none.flops_per_iter == 0 and "no GPUs" in none.note
     assert estimate_job(np.full(3000, 5e8), rate_hz, gpu, inv, {0}) is None
+    assert "short bursts" not in est.note  # 15 samples per burst
+
+
+def test_bursts_under_three_samples_are_flagged() -> None:
+    """A 7 ms burst every 0.12 s at 100 Hz: one or two partly filled samples per burst, so
+    t_j comes out a sample or more long, and the estimate says so; at 1 kHz it does not."""
+    rate_hz, fine = 100.0, 10_000.0
+    wire = bursts(300_000, fine, 0.12, 0.007, 2.5e7)  # 30 s at 0.1 ms
+    rates = wire.reshape(-1, int(fine / rate_hz)).mean(axis=1)  # what a 10 ms counter sees
+    inv = [GpuInfo(0, "A100", "u0", "b0", 312.0)]
+    est = estimate_job(rates, rate_hz, [GpuSample(float(t), (100.0,)) for t in range(30)],
+                       inv, {0})
+    assert est is not None and est.period_s == pytest.approx(0.12, rel=0.02)
+    assert est.comm_s > 0.009  # the bias the note warns of
+    assert "short bursts" in est.note and "raise measurement.rate_hz" in est.note
+    at_1k = wire.reshape(-1, int(fine / 1000)).mean(axis=1)
+    est = estimate_job(at_1k, 1000.0, [], inv, {0})
+    assert est is not None and est.comm_s == pytest.approx(0.007, rel=0.15)
+    assert "short bursts" not in est.note
 
 
 def test_belongs_follows_parents(tmp_path: Path) -> None:

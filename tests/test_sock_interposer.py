@@ -41,7 +41,7 @@ JOB, TC = "job-tcp", 184  # DSCP 46
 CLIENT = r"""
 import json, os, socket, sys, threading
 print(json.dumps({"pid": os.getpid()}), flush=True)
-keep = []
+keep, listeners = [], []
 
 def tos(s):
     if s.family == socket.AF_INET6:
@@ -73,6 +73,19 @@ for line in sys.stdin:
     op = cmd.pop("op")
     if op == "connect":
         res = connect(**cmd)
+    elif op == "listen":
+        srv = socket.create_server((cmd["host"], 0), backlog=8)
+        listeners.append(srv)
+        res = {"port": srv.getsockname()[1]}
+    elif op == "accept":  # on the last listener; "libc": through libc's accept(), not accept4
+        if cmd.get("libc"):
+            import ctypes
+            fd = ctypes.CDLL(None, use_errno=True).accept(listeners[-1].fileno(), None, None)
+            conn = socket.socket(fileno=fd)
+        else:
+            conn = listeners[-1].accept()[0]
+        keep.append(conn)
+        res = {"tos": tos(conn), "peer_port": conn.getpeername()[1]}
     elif op == "threads":
         res = [None] * cmd["n"]
         def one(i):
@@ -197,6 +210,28 @@ def test_probed_ports_in_turn_then_the_kernels(tmp_path: Path, clients: list[Cli
     log = [ln for ln in c.close().splitlines() if ln.startswith("crux-sock:")]
     assert len(log) == 4 and f"applied, sport {ports[0]}, tos {TC}" in log[0], log
     assert "ports-busy, sport 0" in log[3]
+
+
+@pytest.mark.parametrize("libc", [False, True], ids=["accept4", "accept"])
+def test_an_accepted_connection_takes_its_peers_class(tmp_path: Path, clients: list[Client],
+                                                       libc: bool) -> None:
+    """Its ACKs then ride the job's level: at DSCP 0 a top-level job's ACKs queued behind
+    its own data on the reverse link (docs/shim.md, "Accepted connections")."""
+    t = table(tmp_path / "t", steered("127.0.0.1", 1, []))  # 127.0.0.2: no entry, no default
+    c = Client(tmp_path, t, CRUX_SHIM_LOG="1")
+    clients.append(c)
+    port = c("listen", host="0.0.0.0")["port"]
+    with socket.create_connection(("127.0.0.1", port)) as mine:
+        got = c("accept", libc=libc)
+        assert got["peer_port"] == mine.getsockname()[1] and got["tos"] == TC
+    with socket.socket() as other:
+        other.bind(("127.0.0.2", 0))
+        other.connect(("127.0.0.1", port))
+        assert c("accept", libc=libc)["tos"] == 0  # nothing decided for that peer
+    counts = c.counts()
+    assert counts.accepts == 1 and counts.calls == 0  # accepts are not connects
+    log = [ln for ln in c.close().splitlines() if ln.startswith("crux-sock:")]
+    assert len(log) == 1 and f"accepted, tos {TC}" in log[0], log
 
 
 def test_a_port_in_use_is_skipped(tmp_path: Path, clients: list[Client]) -> None:
@@ -451,7 +486,8 @@ def sock_file(path: Path, pid: int, job: str, counts: dict[str, int], **over: An
     f.update(over)
     counters = [counts.get(o, 0) for o in OUTCOMES] + [0] * (16 - len(OUTCOMES))
     path.write_bytes(_REC.pack(f["magic"], f["version"], f["size"], f["pid"], f["outcomes"],
-                               sum(counts.values()), job.encode(), *counters, 5))
+                               sum(counts.values()), job.encode(), *counters, 5,
+                               f.get("accepts", 0)))
 
 
 def test_records_are_read_without_trusting_them(tmp_path: Path) -> None:
@@ -459,7 +495,7 @@ def test_records_are_read_without_trusting_them(tmp_path: Path) -> None:
     sock_file(tmp_path / f"sock-{me}", me, "a", {"applied": 3, "ports-busy": 1})
     sock_file(tmp_path / f"sock-{dead}", dead, "a", {"applied": 9})
     with open(tmp_path / f"sock-{parent}", "wb") as f:  # a huge file: only 256 bytes read
-        f.write(_REC.pack(MAGIC, 1, 256, parent, 7, 2, b"b", 0, 2, *[0] * 14, 1))
+        f.write(_REC.pack(MAGIC, 1, 256, parent, 7, 2, b"b", 0, 2, *[0] * 14, 1, 0))
         f.truncate(1 << 30)
     bad = {1: (b"short", "shorter than the 256-byte"), 2: (bytes(256), "bad magic 0x0"),
            3: (None, "version 2"), 4: (None, "size 128"), 5: (None, "17 outcomes"),
@@ -497,19 +533,20 @@ def test_dataplane_sums_per_job_and_status_shows_it(tmp_path: Path) -> None:
     dp.start()
     me, parent = os.getpid(), os.getppid()
     sock_file(dp.qp_dir / f"sock-{me}", me, "j", {"applied": 3, "no-table": 1})
-    sock_file(dp.qp_dir / f"sock-{parent}", parent, "j", {"applied": 2, "tos-only": 5})
+    sock_file(dp.qp_dir / f"sock-{parent}", parent, "j", {"applied": 2, "tos-only": 5},
+              accepts=4)
     rows = dp.sock_status()
     assert len(rows) == 1
     r = rows[0]
-    assert (r.job_id, r.processes, r.applied, r.tos_only, r.no_table, r.calls) == (
-        "j", 2, 5, 5, 1, 11)
+    assert (r.job_id, r.processes, r.applied, r.tos_only, r.no_table, r.calls, r.accepts) == (
+        "j", 2, 5, 5, 1, 11, 4)
     console = Console(record=True, width=120)
     print_status(console, apb.LocalAgentStatus(host_id="h", sock_connects=rows), None, 0.0)
     text = console.export_text()
     assert "TCP connects" in text and "ports busy" in text
     assert [ln.split() for ln in text.splitlines() if "│ j " in ln] == [
         ["│", "j", "│", "2", "│", "5", "│", "5", "│", "0", "│", "0", "│", "1", "│", "0", "│",
-         "0", "│"]]
+         "0", "│", "4", "│"]]
 
 
 @pytest.mark.slow
@@ -528,7 +565,7 @@ def test_cruxctl_status_counts_a_jobs_connects(tmp_path: Path, clients: list[Cli
         rows = status(d.socket)["agent"]["sock_connects"]
         assert rows == [{"job_id": JOB, "processes": 1, "applied": "0", "tos_only": "0",
                          "ports_busy": "0", "no_job": "0", "no_table": "0", "bad_table": "0",
-                         "no_entry": "1", "calls": "1"}]
+                         "no_entry": "1", "calls": "1", "accepts": "0"}]
         text = cruxctl("status", "--local", socket_path=d.socket)
         assert text.returncode == 0 and "TCP connects" in text.stdout, text.stderr
         c.close()

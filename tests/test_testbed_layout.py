@@ -168,8 +168,9 @@ def test_around_reads_each_jobs_iterations_before_an_event_and_after_its_plan() 
     b = [_iterations([0.5] * 16, start=10.0)]
     ev = around({"a": a, "b": b}, [JobEvent("b", "arrive", 10.0, decided_s=3.0)], 0.0, 20.0)
     assert len(ev) == 1 and ev[0]["at_s"] == 10.0 and ev[0]["decided_s"] == 3.0
-    assert ev[0]["jobs"]["a"] == {"before_s": 1.0, "after_s": 1.0}
-    assert ev[0]["jobs"]["b"] == {"before_s": None, "after_s": 0.5}
+    assert ev[0]["jobs"]["a"] == {"before_s": 1.0, "until_plan_s": 1.5, "after_s": 1.0}
+    assert ev[0]["jobs"]["b"] == {"before_s": None, "until_plan_s": 0.5, "after_s": 0.5}
     # without a leader the event takes effect at once: a's slow iterations count
     ev = around({"a": a}, [JobEvent("b", "arrive", 10.0)], 0.0, 20.0)
+    assert ev[0]["jobs"]["a"]["until_plan_s"] is None
     assert ev[0]["jobs"]["a"]["after_s"] == pytest.approx(1.0)  # median of 1.5, 1.5, 1 x 7

@@ -1,6 +1,7 @@
 """The TCP interposer's per-process connect counters (layout: shim/crux_sockrec.h).
 
-libcrux_sock.so counts every TCP connect it intercepts, by outcome, in `<qp dir>/sock-<pid>`,
+libcrux_sock.so counts every TCP connect it intercepts, by outcome, and the accepted
+connections it gave a class, in `<qp dir>/sock-<pid>`,
 beside the verbs shim's QP records (transport/qp_records.py). The agent sums them per job for
 `cruxctl status` and removes the files of processes that are gone.
 
@@ -27,8 +28,9 @@ COUNTERS = 16
 PREFIX = "sock-"
 OUTCOMES = ("applied", "tos-only", "no-job", "no-table", "bad-table", "no-entry", "ports-busy")
 
-# magic, version, size, pid, outcomes, calls, job_id, counters[16], created_ns, reserved
-_REC = struct.Struct(f"=QIIIIQ64s{COUNTERS}QQ24x")
+# magic, version, size, pid, outcomes, calls, job_id, counters[16], created_ns, accepts,
+# reserved (accepts was reserved before: an older writer leaves it 0)
+_REC = struct.Struct(f"=QIIIIQ64s{COUNTERS}QQQ16x")
 assert _REC.size == SIZE
 
 
@@ -43,6 +45,7 @@ class SockCounts:
     counters: dict[str, int]  # counted connects by outcome (every name in OUTCOMES)
     calls: int
     created_ns: int
+    accepts: int = 0  # accepted connections given their peer's class
 
 
 def parse(buf: bytes) -> SockCounts:
@@ -50,7 +53,7 @@ def parse(buf: bytes) -> SockCounts:
     if len(buf) < SIZE:
         raise SockRecordError(f"{len(buf)} bytes is shorter than the {SIZE}-byte record")
     magic, version, size, pid, outcomes, calls, job_raw, *rest = _REC.unpack_from(buf)
-    counters, created = rest[:COUNTERS], rest[COUNTERS]
+    counters, created, accepts = rest[:COUNTERS], rest[COUNTERS], rest[COUNTERS + 1]
     if magic != MAGIC:
         raise SockRecordError(f"bad magic {magic:#x}")
     if (version, size) != (VERSION, SIZE):
@@ -59,7 +62,8 @@ def parse(buf: bytes) -> SockCounts:
         raise SockRecordError(f"{outcomes} outcomes do not fit {COUNTERS} counters")
     # A newer writer may know more outcomes: they are summed in `calls`, not named here.
     job = job_raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-    return SockCounts(pid, job, dict(zip(OUTCOMES, counters, strict=False)), calls, created)
+    return SockCounts(pid, job, dict(zip(OUTCOMES, counters, strict=False)), calls, created,
+                      accepts)
 
 
 def read_file(path: Path) -> SockCounts:
@@ -80,15 +84,16 @@ class JobSockCounts:
     processes: int
     counters: dict[str, int]
     calls: int
+    accepts: int = 0
 
 
 def by_job(records: list[SockCounts]) -> list[JobSockCounts]:
     """The counters summed over each job's processes, ordered by job id."""
-    jobs: dict[str, tuple[int, dict[str, int], int]] = {}
+    jobs: dict[str, tuple[int, dict[str, int], int, int]] = {}
     for r in records:
-        n, counts, calls = jobs.get(r.job_id, (0, dict.fromkeys(OUTCOMES, 0), 0))
+        n, counts, calls, acc = jobs.get(r.job_id, (0, dict.fromkeys(OUTCOMES, 0), 0, 0))
         for k, v in r.counters.items():
             counts[k] += v
-        jobs[r.job_id] = (n + 1, counts, calls + r.calls)
-    return [JobSockCounts(job, n, counts, calls)
-            for job, (n, counts, calls) in sorted(jobs.items())]
+        jobs[r.job_id] = (n + 1, counts, calls + r.calls, acc + r.accepts)
+    return [JobSockCounts(job, n, counts, calls, acc)
+            for job, (n, counts, calls, acc) in sorted(jobs.items())]

@@ -140,5 +140,6 @@ class DataPlane:
         records, problems = read_sock_dir(self.qp_dir, prune=True)
         self._skipped("socket counters", problems)
         return [apb.SockStatus(job_id=j.job_id, processes=j.processes, calls=j.calls,
+                               accepts=j.accepts,
                                **{k.replace("-", "_"): v for k, v in j.counters.items()})
                 for j in by_job(records)]

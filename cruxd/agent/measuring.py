@@ -42,7 +42,7 @@ from cruxd.control.records import (
     Measurement,
     Nic,
 )
-from cruxd.measure.estimate import JobEstimate, estimate_job
+from cruxd.measure.estimate import SHORT_BURSTS, JobEstimate, estimate_job
 from cruxd.measure.gpu_work import GpuInfo, GpuSample
 from cruxd.measure.sampling.csampler import BatchSampler, SamplerUnavailable
 from cruxd.measure.sampling.gpu import GpuBackend, NvmlUnavailable, open_backend
@@ -65,6 +65,7 @@ class _JobTrack:
     drifted: int = 0  # consecutive estimates off the profiled figures
     wants_profile: bool = False
     counters: tuple[str, ...] = field(default_factory=tuple)
+    warned: bool = False  # about bursts too short for the sampling rate
 
 
 def parent_pid(pid: int, proc: str = "/proc") -> int | None:
@@ -258,6 +259,9 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
                            self.job_devices(job_id))
         if est is not None:
             self._track(track, est, now)
+            if SHORT_BURSTS in est.note and track.profiled is est and not track.warned:
+                track.warned = True
+                LOG.warning("job %s: %s", job_id, est.note)
         return est
 
     def _track(self, track: _JobTrack, est: JobEstimate, now: float) -> None:

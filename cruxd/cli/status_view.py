@@ -150,16 +150,18 @@ def _qps(qps: list[Any]) -> Table:
 
 
 def _sock_connects(rows: list[Any]) -> Table:
-    """The TCP interposer's counted connects per job: steered, class only, or left alone."""
+    """The TCP interposer's counted connects per job: steered, class only, or left alone;
+    and the accepted connections it gave their peer's class."""
     t = Table(title="TCP connects (from the socket interposer)", title_justify="left")
     for col in ("job", "processes", "applied", "TOS only", "ports busy", "no job", "no table",
-                "bad table", "no entry"):
+                "bad table", "no entry", "accepts"):
         t.add_column(col)
     for r in sorted(rows, key=lambda r: r.job_id):
         t.add_row(r.job_id or "-", str(r.processes), f"[green]{r.applied}[/]", str(r.tos_only),
                   f"[yellow]{r.ports_busy}[/]" if r.ports_busy else "0",
                   *(f"[red]{n}[/]" if n else "0"
-                    for n in (r.no_job, r.no_table, r.bad_table, r.no_entry)))
+                    for n in (r.no_job, r.no_table, r.bad_table, r.no_entry)),
+                  str(r.accepts))
     return t
 
 

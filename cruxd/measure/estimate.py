@@ -16,6 +16,13 @@ import numpy.typing as npt
 from cruxd.measure.comm import estimate_comm
 from cruxd.measure.gpu_work import GpuInfo, GpuSample, busy_fraction, work_per_iteration
 
+# A burst shorter than two samples may fill none of them wherever it falls, and if none of
+# them ever fills, the burst rate is never seen: it shows as partly filled samples, and t_j
+# comes out up to a whole sample long (a 7 ms ResNet burst at 100 Hz measured 20 ms on the
+# emulated testbed, which ranked the job level with BERTs of a third of its intensity).
+MIN_BURST_SAMPLES = 2.0
+SHORT_BURSTS = "short bursts"
+
 
 @dataclass(frozen=True)
 class JobEstimate:
@@ -44,6 +51,11 @@ def estimate_job(rates: npt.ArrayLike, rate_hz: float, gpu_samples: list[GpuSamp
         note = "no GPUs mapped to the job"
     elif flops is None:
         note = "GPU utilisation or peak unknown"
+    if comm.comm_s * rate_hz < MIN_BURST_SAMPLES:
+        note = "; ".join(n for n in (note, (
+            f"{SHORT_BURSTS}: about {comm.comm_s * 1e3:.3g} ms, under "
+            f"{MIN_BURST_SAMPLES:g} samples at {rate_hz:g} Hz, so t_j may be up to a sample "
+            f"long (raise measurement.rate_hz)")) if n)
     return JobEstimate(comm.window_s, comm.iterations, comm.period_s, comm.comm_s,
                        comm.bytes_per_iter, comm.confidence, flops or 0.0,
                        sum(busy) / len(busy) * comm.period_s if busy else 0.0, note)

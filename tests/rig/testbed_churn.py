@@ -238,25 +238,28 @@ class JobChurn:
 def around(logs: dict[str, Logs], events: list[JobEvent], lo: float,
            hi: float) -> list[dict[str, Any]]:
     """Per event, each job's median iteration time (rank 0) before it (since the last
-    event, or the window's start) and after it took effect (from the leader's plan, or
-    from the event itself without a leader, to the next event or the window's end):
-    where a re-plan shows in the jobs' iterations."""
+    event, or the window's start), from it until the leader's plan took it in, and
+    after that plan (to the next event or the window's end): where a re-plan shows in
+    the jobs' iterations. Without a leader the event takes effect at once."""
     out = []
     ordered = sorted(events, key=lambda e: e.at)
     times = [e.at for e in ordered]
     for k, e in enumerate(ordered):
         since = max(lo, times[k - 1] if k else lo)
         until = min(hi, times[k + 1] if k + 1 < len(times) else hi)
-        effect = e.at + (e.decided_s or 0.0)
+        effect = min(until, e.at + (e.decided_s or 0.0))
         jobs: dict[str, dict[str, float | None]] = {}
         for jid, ranks in logs.items():
             its = ranks[0] if ranks else []
-            before = [it["end"] - it["t0"] for it in its if since <= it["t0"] and
-                      it["end"] <= e.at]
-            after = [it["end"] - it["t0"] for it in its if effect <= it["t0"] and
-                     it["end"] <= until]
-            jobs[jid] = {"before_s": statistics.median(before) if before else None,
-                         "after_s": statistics.median(after) if after else None}
+            jobs[jid] = {"before_s": _median_in(its, since, e.at),
+                         "until_plan_s": _median_in(its, e.at, effect),
+                         "after_s": _median_in(its, effect, until)}
         out.append({"job": e.job, "event": e.kind, "at_s": e.at - lo,
                     "decided_s": e.decided_s, "jobs": jobs})
     return out
+
+
+def _median_in(its: list[dict[str, float]], lo: float, hi: float) -> float | None:
+    """Median length of the iterations that started at or after lo and ended by hi."""
+    inside = [it["end"] - it["t0"] for it in its if lo <= it["t0"] and it["end"] <= hi]
+    return statistics.median(inside) if inside else None
