@@ -139,10 +139,11 @@ def simulated_degraded(sc: Scenario, duration_s: float, leaf: str, spine: str) -
 def simulated_on(sc: Scenario, duration_s: float,
                  via: dict[str, dict[tuple[str, str], str]],
                  churn: dict[str, tuple[float, float | None]] | None = None,
-                 ) -> dict[str, Any]:
-    """The simulator with every job on one level and each hop on the path it was seen
-    on: the network model compared on the same collisions, not another hash draw."""
-    return _utilizations(_run(sc, Pinned(via), duration_s, churn=churn))
+                 levels: dict[str, int] | None = None) -> dict[str, Any]:
+    """The simulator with each hop on the path it was seen on, every job on one level or
+    on the `levels` the live plan gave: the network model compared on the same
+    collisions and priorities, not another hash draw or another plan."""
+    return _utilizations(_run(sc, Pinned(via, levels=levels), duration_s, churn=churn))
 
 
 def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
@@ -282,6 +283,10 @@ def main() -> int:
             if mode == "ecmp" and m["paths"]:
                 m["simulated"]["observed_paths"] = simulated_on(sc, horizon, m["paths"],
                                                                 churn)
+            if mode.startswith("crux") and m["paths"]:  # the plan that ran, replayed
+                m["simulated"]["as_planned"] = simulated_on(
+                    sc, horizon, m["paths"], churn,
+                    {j: int(s.get("level", 0)) for j, s in m["jobs"].items()})
             m["paths"] = {j: {f"{a}->{b}": sp for (a, b), sp in v.items()}
                           for j, v in m["paths"].items()}
             result["modes"][mode] = m
@@ -290,7 +295,8 @@ def main() -> int:
     for m in result["modes"].values():
         m["gain_over_ecmp"] = m["utilization"] / base - 1 if base else None
         m["fraction_of_standalone"] = m["utilization"] / alone if alone else None
-        for sim_m in (m["simulated"], m["simulated"].get("observed_paths", {})):
+        for sim_m in (m["simulated"], m["simulated"].get("observed_paths", {}),
+                      m["simulated"].get("as_planned", {})):
             sim_u = sim_m.get("utilization")
             if sim_u is not None:
                 sim_m["error"] = m["utilization"] / sim_u - 1 if sim_u else None
@@ -319,6 +325,11 @@ def print_tables(result: dict[str, Any]) -> None:
             print(f"{mode}, simulated on the paths the kernel's ECMP took: "
                   f"{o['utilization']:.3f} (error {_pct(o['error'])}); over {d['n']} hash "
                   f"seeds: {d['min']:.3f} to {d['max']:.3f}, mean {d['mean']:.3f}")
+    for mode, m in result["modes"].items():
+        if "as_planned" in m["simulated"]:
+            o = m["simulated"]["as_planned"]
+            print(f"{mode}, simulated on the paths and levels the live plan ran: "
+                  f"{o['utilization']:.3f} (error {_pct(o['error'])})")
     for mode, m in result["modes"].items():
         if "link_down" in m:
             d = m["link_down"]

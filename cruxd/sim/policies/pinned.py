@@ -4,7 +4,9 @@ The emulated testbed (bench/testbed.py) counts which spine each ring hop of an E
 took. Hashing in the simulator draws other collisions than the kernel did, so to compare
 the two models of the network, and not two draws of the hash, the simulator is given the
 paths that were taken. `via[job][(src, dst)]` names a switch the flow from src to dst
-crossed; flows not named are left to ECMP. Every job stays on one level.
+crossed; flows not named are left to ECMP. Every job stays on one level unless `levels`
+gives the levels a live plan put them on (larger = higher priority): then a crux run's
+decisions are replayed as they ran, whatever the simulator's own planner would choose.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from cruxd.sim.policies.base import Context, Decisions, network_flows
 
 class Pinned:
     def __init__(self, via: Mapping[str, Mapping[tuple[str, str], str]],
-                 name: str = "pinned") -> None:
+                 name: str = "pinned", levels: Mapping[str, int] | None = None) -> None:
         self.name = name
         self.via = {j: dict(v) for j, v in via.items()}
+        self.levels = dict(levels or {})
+        self.ideal_levels = True  # the levels that ran, applied as written
 
     def decide(self, ctx: Context) -> Decisions:
         paths: dict[str, tuple[np.ndarray | None, ...]] = {}
@@ -33,7 +37,8 @@ class Pinned:
                 switch = pins.get((f.src, f.dst))
                 out.append(None if switch is None else _through(ctx, f.src, f.dst, switch))
             paths[job.id] = tuple(out)
-        return Decisions(paths=paths)
+        return Decisions(level={j.id: self.levels.get(j.id, 0) for j in ctx.jobs},
+                         paths=paths)
 
 
 def _through(ctx: Context, src: str, dst: str, switch: str) -> np.ndarray:
