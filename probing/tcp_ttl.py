@@ -41,6 +41,7 @@ from typing import Self
 from probing import tcp_wire
 from probing.icmp import TCP, TIME_EXCEEDED, UNREACHABLE, parse_reply
 from probing.ttl import ProbeCounters, outside
+from transport.roce import tos
 
 ICMP_SNAP = 576  # RFC 1812 4.3.2.3: an ICMP error is at most 576 bytes
 _REACHED = "reached"
@@ -60,9 +61,12 @@ class TcpTtlProber:
 
     def __init__(self, peer: str, *, dport: int, max_hops: int = 8, timeout_s: float = 0.5,
                  allowed: tuple[ipaddress.IPv4Network, ...] = (),
-                 known: Mapping[int, tuple[str, ...]] | None = None) -> None:
+                 known: Mapping[int, tuple[str, ...]] | None = None, dscp: int = 0) -> None:
         if not 1 <= dport <= 65535:
             raise ValueError(f"dport must be 1..65535, got {dport}")
+        if not 0 <= dscp < 64:
+            raise ValueError(f"dscp must be 0..63, got {dscp}")
+        self.dscp = dscp
         self.peer = str(ipaddress.IPv4Address(peer))
         self.dport = dport
         self.max_hops = max_hops
@@ -83,6 +87,8 @@ class TcpTtlProber:
             icmp.close()
             raise
         try:
+            if self.dscp:  # the probing class, above the jobs' levels (ECMP ignores it)
+                tcp.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos(self.dscp))
             tcp.bind((self.src, 0))  # the source the checksums were computed for
             tcp_wire.attach_filter(tcp, tcp_wire.answer_filter(self.peer, self.dport))
             _drain(tcp)  # what arrived before the filter was attached

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from probing.icmp import IcmpReply, parse_reply
-from transport.roce import ROCE_DPORT
+from transport.roce import ROCE_DPORT, tos
 
 TTL_PROBE = b"crux-ttl"  # + 8-byte nonce: a TTL probe's payload
 TTL_ECHO = b"crux-tte"  # the responder's answer to one that reached it
@@ -55,8 +55,11 @@ class TtlProber:
 
     def __init__(self, peer: str, *, dport: int = ROCE_DPORT, max_hops: int = 8,
                  timeout_s: float = 0.5,
-                 allowed: tuple[ipaddress.IPv4Network, ...] = ()) -> None:
+                 allowed: tuple[ipaddress.IPv4Network, ...] = (), dscp: int = 0) -> None:
+        if not 0 <= dscp < 64:
+            raise ValueError(f"dscp must be 0..63, got {dscp}")
         self.peer = str(ipaddress.IPv4Address(peer))
+        self.dscp = dscp
         self.dport = dport
         self.max_hops = max_hops
         self.timeout_s = timeout_s
@@ -78,6 +81,8 @@ class TtlProber:
         nonce = secrets.token_bytes(8)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
             udp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.dscp:  # the probing class, above the jobs' levels (ECMP ignores it)
+                udp.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos(self.dscp))
             udp.bind(("", sport))
             for ttl in range(1, self.max_hops + 1):
                 udp.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)

@@ -175,6 +175,11 @@ def test_every_section_parses() -> None:
     assert c.metrics.listen is None
 
 
+def test_probes_default_to_the_probing_class() -> None:
+    assert parse("").probing.dscp == 56  # CS7, reserved for probing (cruxd/scheduler/dscp.py)
+    assert parse("[probing]\ndscp = 0").probing.dscp == 0
+
+
 def test_example_loads() -> None:
     c = load_config(REPO / "examples" / "cruxd.toml", env={}, euid=0)
     assert c.tls.enabled and c.roles == {"agent", "leader"}
@@ -209,6 +214,7 @@ def test_relative_paths_are_beside_the_file(tmp_path: Path,
 # -- errors -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("text", "expected"), [
+    ("[probing]\ndscp = 64", "probing.dscp: must be in [0, 63], got 64"),
     ("[agent]\nreport_intervl_s = 1",
      "agent.report_intervl_s: unknown key; did you mean agent.report_interval_s?"),
     ("[agent]\nzzz = 1", "agent.zzz: unknown key"),

@@ -1,15 +1,18 @@
 """The rig's emulated switch ports: (1) through a congested, rate-limited port, traffic
 marked with the higher level's DSCP keeps its rate while the lower level is squeezed
--- the mechanism the leader's levels rely on; (2) two flows whose source ports collide
+-- the mechanism the leader's levels rely on; probes marked CS7 go above every level, so a
+saturated port does not starve re-verification; (2) two flows whose source ports collide
 on one rate-limited spine get twice the throughput once moved to distinct spines by
 ports a sweep found -- the mechanism path selection relies on."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from tests.rig.fabric import Fabric, can_build
-from tests.rig.probe import spine_of, sweep_from
+from tests.rig.probe import spine_of, sweep_from, trace_from
 from tests.rig.traffic import Flow, run_flows
 
 pytestmark = [pytest.mark.root, pytest.mark.slow,
@@ -27,6 +30,26 @@ def test_higher_dscp_keeps_its_rate_through_a_congested_port() -> None:
     assert high > 0.8 * 6, (high, low)
     assert low < 0.5 * 6 and high > 2 * low, (high, low)
     assert high + low <= rate * 1.15, (high, low)
+
+
+def test_probes_in_the_probing_class_cross_a_port_the_top_level_saturates() -> None:
+    with Fabric(hosts_per_leaf=1, leaves=2, spines=1) as f:
+        for node, port in (("l0", f.uplink(0, 0)), ("s0", "l1")):  # both ways toward h1
+            f.priority_queues(node, port, 4.0, dscp_by_level=[8, 40])
+        before = f.class_bytes("l0", f.uplink(0, 0))
+        load = threading.Thread(target=run_flows, args=(
+            f, [Flow("h0", "h1", 8.0, dscp=40, dport=5001)], 4.0))  # twice the port, top level
+        load.start()
+        try:
+            traces = [trace_from(f, "h0", "h1", 50000 + i, dscp=56) for i in range(5)]
+        finally:
+            load.join()
+        after = f.class_bytes("l0", f.uplink(0, 0))
+    assert all(t is not None and len(t) == 3 for t in traces), traces  # leaf, spine, leaf
+    # every probe went in the probing class (15 datagrams of at least 50 bytes: 5 traces,
+    # 3 hops each), under a saturating load in the top job level
+    assert after["1:9"] - before.get("1:9", 0) >= 15 * 50, (before, after)
+    assert after["1:11"] - before.get("1:11", 0) > 1_000_000, (before, after)
 
 
 def _ports_by_spine(f: Fabric, src: str, dst: str) -> dict[int, list[int]]:

@@ -71,9 +71,9 @@ class _Probers:
     def __init__(self, address: str, cfg: ProbingConfig) -> None:
         allowed = _v4(cfg.fabric_prefixes)
         self.ttl = TtlProber(address, dport=cfg.dport, max_hops=cfg.max_hops,
-                             timeout_s=cfg.timeout_s, allowed=allowed)
+                             timeout_s=cfg.timeout_s, allowed=allowed, dscp=cfg.dscp)
         self.int = IntProber(address, dport=cfg.dport, max_hops=cfg.max_hops,
-                             timeout_s=cfg.timeout_s, allowed=allowed) \
+                             timeout_s=cfg.timeout_s, allowed=allowed, dscp=cfg.dscp) \
             if cfg.method == "int" else None
 
     def trace(self, sport: int) -> tuple[str, ...] | None:
@@ -109,7 +109,7 @@ def default_tcp_factory(cfg: ProbingConfig) -> TcpProberFactory:
     def make(address: str, known: Mapping[int, tuple[str, ...]]) -> ClosingProber:
         return _TcpProber(address, dport=cfg.tcp_dport, max_hops=cfg.max_hops,
                           timeout_s=cfg.timeout_s, allowed=_v4(cfg.fabric_prefixes),
-                          known=known)
+                          known=known, dscp=cfg.dscp)
     return make
 
 

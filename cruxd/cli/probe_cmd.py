@@ -33,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--rate", type=float, default=200.0, metavar="PPS",
                    help="ports probed per second (default 200)")
     p.add_argument("--max-hops", type=int, default=8, help="TTL limit (default 8)")
+    p.add_argument("--dscp", type=int, default=56,
+                   help="DSCP of the probes (default 56, CS7: the class reserved for "
+                        "probing, above the jobs' levels)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -55,12 +58,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
     if not 1 <= args.dport <= 65535:
         raise UsageError("--dport must be 1..65535")
+    if not 0 <= args.dscp <= 63:
+        raise UsageError("--dscp must be 0..63")
     try:
         peer = socket.gethostbyname(args.host)
     except OSError:
         raise UsageError(f"{args.host}: cannot resolve") from None
     try:
-        prober = TtlProber(peer, dport=args.dport, max_hops=args.max_hops)
+        prober = TtlProber(peer, dport=args.dport, max_hops=args.max_hops, dscp=args.dscp)
     except PermissionError:
         raise CruxError("probing needs CAP_NET_RAW (run as root)") from None
     with prober:

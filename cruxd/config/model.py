@@ -68,6 +68,7 @@ class ProbingConfig:
     tcp_dport: int = 0  # the TCP jobs' listening port to probe; 0: no TCP probing
     tcp_sports: tuple[int, int] = (61000, 65535)  # first and last TCP source port swept
     tcp_ports_per_path: int = 8  # TCP ports collected per path (a decision holds 8)
+    dscp: int = 56  # the probes' DSCP: CS7, the priority reserved for probing
 
 
 @dataclass(frozen=True, slots=True)

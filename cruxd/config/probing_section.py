@@ -16,6 +16,9 @@ MAX_TCP_PORTS = 8
 # the kernel never picks these ports for other programs' connections, so the probed
 # ports stay free for the shim to bind, and a probe never finds them taken.
 TCP_SPORTS = "61000-65535"
+# CS7: the priority cruxd.scheduler.dscp reserves for probing, above every job level, so
+# a loaded fabric does not starve the re-verification of its own paths.
+PROBE_DSCP = 56
 
 
 def parse_probing(p: Section, sweep: bool) -> ProbingConfig:
@@ -57,4 +60,5 @@ def parse_probing(p: Section, sweep: bool) -> ProbingConfig:
         tcp_dport=p.integer("tcp_dport", 0, Range(0, 65535)),
         tcp_sports=(tcp_ports.start, tcp_ports.stop - 1),
         tcp_ports_per_path=per_path,
+        dscp=p.integer("dscp", PROBE_DSCP, Range(0, 63)),
     )

@@ -397,22 +397,33 @@ class Fabric:
                         dscp_by_level: list[int], queue_packets: int = 64) -> None:
         """Emulate a switch port: egress limited to `rate_mbit`, one HTB class per level
         (the highest level gets spare bandwidth first, as strict priority does), and
-        u32 filters that sort packets into levels by DSCP. Unmatched traffic: level 0."""
+        u32 filters that sort packets into levels by DSCP. As a switch trusting DSCP
+        does with the priorities cruxd.scheduler.dscp reserves, CS6 and CS7 (control,
+        probing, the routers' own ICMP errors) go above every level (class 1:9), and any
+        other unmatched DSCP, best effort, below them all (class 1:8)."""
         ns = self.ns(node)
         levels = len(dscp_by_level)
-        cmds = [f"qdisc replace dev {ifname} root handle 1: htb default 10",
+        if not 1 <= levels <= 6:
+            raise ValueError("1..6 levels fit HTB's 8 priorities beside control and "
+                             "best effort")
+        cmds = [f"qdisc replace dev {ifname} root handle 1: htb default 8",
                 f"class add dev {ifname} parent 1: classid 1:1 htb rate {rate_mbit}mbit "
                 f"ceil {rate_mbit}mbit"]
-        for level, dscp in enumerate(dscp_by_level):
-            prio = levels - 1 - level  # HTB serves a lower prio number first
-            cmds.append(f"class add dev {ifname} parent 1:1 classid 1:{10 + level} htb "
-                        f"rate {max(rate_mbit / 1000, 0.008)}mbit ceil {rate_mbit}mbit "
+        floor = f"rate {max(rate_mbit / 1000, 0.008)}mbit ceil {rate_mbit}mbit"
+        # (class, HTB prio: a lower number is served first)
+        classes = [(9, 0), *((10 + level, levels - level) for level in range(levels)),
+                   (8, levels + 1)]
+        for cls, prio in classes:
+            cmds.append(f"class add dev {ifname} parent 1:1 classid 1:{cls} htb {floor} "
                         f"prio {prio}")
-            # a short queue per level, like a switch buffer (veth's default is 1000)
-            cmds.append(f"qdisc add dev {ifname} parent 1:{10 + level} handle {10 + level}: "
+            # a short queue per class, like a switch buffer (veth's default is 1000)
+            cmds.append(f"qdisc add dev {ifname} parent 1:{cls} handle {cls}: "
                         f"pfifo limit {queue_packets}")
+        for level, dscp in enumerate(dscp_by_level):  # a level's own DSCP first
             cmds.append(f"filter add dev {ifname} parent 1: protocol ip prio 1 u32 match ip "
                         f"dsfield {dscp << 2:#x} 0xfc flowid 1:{10 + level}")
+        cmds.append(f"filter add dev {ifname} parent 1: protocol ip prio 2 u32 match ip "
+                    f"dsfield 0xc0 0xc0 flowid 1:9")
         _run("tc", "-n", ns, "-batch", "-", stdin="\n".join(cmds) + "\n")
 
     def class_bytes(self, node: str, ifname: str) -> dict[str, int]:

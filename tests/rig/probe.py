@@ -19,7 +19,7 @@ from probing.ttl import TtlProber
 from transport.roce import ROCE_SPORTS
 peer, args = sys.argv[1], json.loads(sys.argv[2])
 sports = range(args.get("start", ROCE_SPORTS.start), ROCE_SPORTS.stop)
-with TtlProber(peer) as p:
+with TtlProber(peer, dscp=args.get("dscp", 0)) as p:
     if args.get("port"):
         print(json.dumps({"hops": p.trace(args["port"])}))
         sys.exit()
@@ -65,9 +65,9 @@ def guided_from(f: Fabric, src: str, dst: str, model: HashModel, n_paths: int, *
     return doc
 
 
-def trace_from(f: Fabric, src: str, dst: str, sport: int) -> list[str] | None:
+def trace_from(f: Fabric, src: str, dst: str, sport: int, dscp: int = 0) -> list[str] | None:
     """The hops one probe from `sport` crosses (None: a hop did not answer)."""
-    hops: list[str] | None = _run(f, src, dst, {"port": sport})["hops"]
+    hops: list[str] | None = _run(f, src, dst, {"port": sport, "dscp": dscp})["hops"]
     return hops
 
 
