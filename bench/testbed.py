@@ -13,8 +13,10 @@ one `tests/rig/ringjob.py` process per host: compute, then a ring all-reduce ove
 Modes: `standalone` (each job alone: the ideal), `ecmp` (no cruxd), `crux` (cruxd on every
 host measuring every job live, W_j from replayed GPUs) and `crux-hints` (jobs declare their
 profiles); see tests/rig/testbed_crux.py. `--link-down` fails a cable in the crux modes
-(tests/rig/testbed_churn.py); `--plot` draws utilisation over time per mode. Jobs that
-arrive mid-run (a scenario's arrival_s) are not built yet.
+(tests/rig/testbed_churn.py); `--plot` draws utilisation over time per mode. A job with
+`arrival_s` starts that long into the measured window, and one with `iterations` leaves
+after that many iterations in it; the simulator then replays both as they happened.
+For the crux modes the simulator also replays the plan that ran (its paths and levels).
 """
 
 from __future__ import annotations

@@ -265,14 +265,21 @@ static void set_class(int fd, int family, int v4mapped, int tc)
         setsockopt(fd, IPPROTO_IPV6, IPV6_TCLASS, &tc, sizeof tc);
 }
 
+/* A table-form peer (::ffff:a.b.c.d for IPv4) as text, for the log lines. */
+static void peer_text(const uint8_t peer[16], char text[INET6_ADDRSTRLEN])
+{
+    strcpy(text, "?");
+    if (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)peer))
+        inet_ntop(AF_INET, peer + 12, text, INET6_ADDRSTRLEN);
+    else
+        inet_ntop(AF_INET6, peer, text, INET6_ADDRSTRLEN);
+}
+
 static void log_line(int fd, const uint8_t peer[16], uint16_t dport,
                      const struct crux_sock_steered *o)
 {
-    char text[INET6_ADDRSTRLEN] = "?";
-    if (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)peer))
-        inet_ntop(AF_INET, peer + 12, text, sizeof text);
-    else
-        inet_ntop(AF_INET6, peer, text, sizeof text);
+    char text[INET6_ADDRSTRLEN];
+    peer_text(peer, text);
     fprintf(stderr, "crux-sock: pid %d fd %d -> %s port %u job '%s': %s, sport %u, tos %d\n",
             (int)getpid(), fd, text, dport, st.job, outcome_names[o->outcome], o->sport,
             o->traffic_class);
@@ -355,11 +362,8 @@ static void mark_accepted(int fd)
     if (rec != NULL)
         atomic_fetch_add_explicit((_Atomic uint64_t *)&rec->accepts, 1, memory_order_relaxed);
     if (st.log) {
-        char text[INET6_ADDRSTRLEN] = "?";
-        if (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)peer))
-            inet_ntop(AF_INET, peer + 12, text, sizeof text);
-        else
-            inet_ntop(AF_INET6, peer, text, sizeof text);
+        char text[INET6_ADDRSTRLEN];
+        peer_text(peer, text);
         fprintf(stderr, "crux-sock: pid %d fd %d <- %s port %u job '%s': accepted, tos %d\n",
                 (int)getpid(), fd, text, pport, st.job, e.traffic_class);
     }

@@ -229,7 +229,10 @@ class JobChurn:
                     self.events.append(JobEvent(job.id, "leave", time.time()))
             waiting = [e for e in self.events if e.decided_s is None]
             if waiting and self.leader is not None and self.decided is not None:
-                doc = self.leader()
+                try:
+                    doc = self.leader()
+                except Exception:  # a status that failed: ask again next round
+                    continue
                 for e in waiting:
                     if self.decided(e, doc):
                         e.decided_s = time.time() - e.at
