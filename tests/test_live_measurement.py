@@ -89,7 +89,7 @@ def test_estimate_job_units() -> None:
     assert "short bursts" not in est.note  # 15 samples per burst
 
 
-def test_bursts_under_three_samples_are_flagged() -> None:
+def test_bursts_under_two_samples_are_flagged() -> None:
     """A 7 ms burst every 0.12 s at 100 Hz: one or two partly filled samples per burst, so
     t_j comes out a sample or more long, and the estimate says so; at 1 kHz it does not."""
     rate_hz, fine = 100.0, 10_000.0
