@@ -108,13 +108,14 @@ class ProbeSchedule:
         return {s: p.hops for p in peer.paths for s in p.tcp_sports}
 
     def record(self, host: str, result: SweepResult, errors: int, last_error: str,
-               now: float, now_unix_ms: int, tcp: SweepResult | None = None) -> bool:
+               now: float, now_unix_ms: int, tcp: SweepResult | None = None) -> str:
         """A finished sweep toward `host` (and its TCP sweep, if TCP is probed); returns
-        whether its paths or ports changed. Paths are merged by hop signature."""
+        what changed in its paths or ports ("" when nothing did), for the log. Paths are
+        merged by hop signature."""
         peer = self.peers.get(host)
         if peer is None:  # dropped while it was being swept
-            return False
-        before = {(p.hops, p.sports, p.tcp_sports) for p in peer.paths}
+            return ""
+        before = {p.hops: (p.sports, p.tcp_sports) for p in peer.paths}
         tcp_paths = tcp.paths if tcp is not None else {}
         peer.paths = tuple(KnownPath(hops, tuple(result.paths.get(hops, ())), now_unix_ms,
                                      tuple(tcp_paths.get(hops, ())))
@@ -124,7 +125,7 @@ class ProbeSchedule:
         peer.errors = errors + result.unanswered + (tcp.unanswered if tcp else 0)
         peer.last_error = last_error
         peer.due = now + self.interval_s
-        return before != {(p.hops, p.sports, p.tcp_sports) for p in peer.paths}
+        return _changes(before, {p.hops: (p.sports, p.tcp_sports) for p in peer.paths})
 
     def failed(self, host: str, error: str, now: float, retry_s: float) -> None:
         """A sweep that could not run (socket error): try again after `retry_s`."""
@@ -133,3 +134,26 @@ class ProbeSchedule:
             peer.errors += 1
             peer.last_error = error
             peer.due = now + retry_s
+
+
+Ports = tuple[tuple[int, ...], tuple[int, ...]]  # a path's UDP and TCP source ports
+
+
+def _changes(before: dict[tuple[str, ...], Ports], after: dict[tuple[str, ...], Ports],
+             most: int = 2) -> str:
+    """What differs between two path tables of one peer, briefly ("" when nothing)."""
+    parts = []
+    if added := after.keys() - before.keys():
+        parts.append(f"{len(added)} new path(s)")
+    if gone := before.keys() - after.keys():
+        parts.append(f"{len(gone)} path(s) gone")
+    moved = sorted(h for h in after.keys() & before.keys() if after[h] != before[h])
+    for hops in moved[:most]:
+        (u0, t0), (u1, t1) = before[hops], after[hops]
+        via = hops[len(hops) // 2] if hops else "?"
+        parts.append(f"via {via}: UDP {list(u0)} -> {list(u1)}" if u0 != u1 else
+                     f"via {via}: TCP -{sorted(set(t0) - set(t1))} +{sorted(set(t1) - set(t0))}"
+                     + (" (reordered)" if set(t0) == set(t1) else ""))
+    if len(moved) > most:
+        parts.append(f"{len(moved) - most} more")
+    return ", ".join(parts)

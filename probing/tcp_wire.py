@@ -97,18 +97,26 @@ def parse_segment(packet: bytes) -> Segment | None:
 
 # classic BPF opcodes (linux/bpf_common.h)
 _LD_W_ABS, _LDX_B_MSH, _LD_H_IND, _JEQ_K, _RET_K = 0x20, 0xB1, 0x48, 0x15, 0x06
+_LD_B_IND, _JSET_K = 0x50, 0x45
+_SYN_OR_RST = 0x06  # TCP flags: an answer to a SYN carries one of them
 
 
 def answer_filter(peer: str, peer_port: int) -> list[tuple[int, int, int, int]]:
     """A socket filter for a raw IPv4 TCP socket (it sees packets from the IP header):
     accept, truncated to SNAP bytes, only segments from `peer` whose source port is
-    `peer_port`; everything else never reaches the socket's buffer."""
+    `peer_port` and that carry SYN or RST (a SYN-ACK or a RST: what answers a probe);
+    everything else never reaches the socket's buffer. Without the flags test, a job's
+    own connection to the same peer port filled the buffer with its ACKs (thousands a
+    second on the emulated testbed), answers to probes were lost among them, and every
+    re-verification dropped known ports."""
     return [
         (_LD_W_ABS, 0, 0, 12),  # A = source address
-        (_JEQ_K, 0, 4, int(ipaddress.IPv4Address(peer))),
+        (_JEQ_K, 0, 6, int(ipaddress.IPv4Address(peer))),
         (_LDX_B_MSH, 0, 0, 0),  # X = IP header length
         (_LD_H_IND, 0, 0, 0),  # A = TCP source port
-        (_JEQ_K, 0, 1, peer_port),
+        (_JEQ_K, 0, 3, peer_port),
+        (_LD_B_IND, 0, 0, 13),  # A = TCP flags
+        (_JSET_K, 0, 1, _SYN_OR_RST),
         (_RET_K, 0, 0, SNAP),
         (_RET_K, 0, 0, 0),
     ]

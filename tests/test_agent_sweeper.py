@@ -77,13 +77,29 @@ def test_peers_from_the_plan_are_swept_refused_and_reprobed() -> None:
     assert fabric.made == 3 and changes
 
 
+def test_a_sweep_says_what_changed() -> None:
+    s = ProbeSchedule((ipaddress.ip_network("10.0.0.0/8"),), interval_s=60)
+    s.set_peers({"a": ["10.0.0.1"]}, now=0.0)
+    r = SweepResult("a", {("l", "s0"): [49152]})
+    assert s.record("a", r, 0, "", 1.0, 1000) == "1 new path(s)"
+    tcp = SweepResult("a", {("l", "s0"): [61001, 61002]})
+    assert s.record("a", r, 0, "", 2.0, 2000, tcp) == "via s0: TCP -[] +[61001, 61002]"
+    moved = SweepResult("a", {("l", "s0"): [61002, 61001]})
+    assert s.record("a", r, 0, "", 3.0, 3000, moved) == "via s0: TCP -[] +[] (reordered)"
+    two = SweepResult("a", {("l", "s1"): [49153]})
+    assert s.record("a", two, 0, "", 4.0, 4000, moved) == (
+        "1 new path(s), via s0: UDP [49152] -> []")  # s0 stays, by its TCP ports
+    assert s.record("a", two, 0, "", 5.0, 5000) == "1 path(s) gone"
+    assert s.record("a", two, 0, "", 6.0, 6000) == ""
+
+
 def test_schedule_order_and_due_times() -> None:
     s = ProbeSchedule((ipaddress.ip_network("10.0.0.0/8"),), interval_s=60)
     assert s.set_peers({"b": ["10.0.0.2"], "a": ["fe80::1", "10.0.0.1"]}, now=5.0)
     assert not s.set_peers({"b": ["10.0.0.2"], "a": ["10.0.0.1"]}, now=6.0)
     assert (s.peers["a"].address, s.next_due().host) == ("10.0.0.1", "a")  # type: ignore[union-attr]
     r = SweepResult("a", {("l", "s0"): [49152]}, probes_sent=9)
-    assert s.record("a", r, 1, "x", now=7.0, now_unix_ms=7000)
+    assert s.record("a", r, 1, "x", now=7.0, now_unix_ms=7000) == "1 new path(s)"
     assert not s.record("a", r, 0, "", now=8.0, now_unix_ms=8000)  # same paths: no change
     assert s.peers["a"].due == 68.0 and s.next_due().host == "b"  # type: ignore[union-attr]
     s.request(["a", "unknown"], now=9.0)

@@ -8,8 +8,10 @@ real thing runs on the namespace rig in test_tcp_probing_rig.py."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import struct
+import time
 from collections.abc import Callable
 
 import pytest
@@ -237,3 +239,38 @@ def test_bad_arguments() -> None:
         TcpTtlProber(PEER, dport=0)  # refused before any socket is opened
     with pytest.raises(ValueError):
         TcpTtlProber("not an address", dport=5201)
+
+
+def _drain_raw(raw: socket.socket) -> list[tcp_wire.Segment]:
+    out = []
+    while True:
+        try:
+            data = raw.recv(4096)
+        except BlockingIOError:
+            return out
+        seg = tcp_wire.parse_segment(data)
+        if seg is not None:
+            out.append(seg)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="a raw TCP socket needs root (CAP_NET_RAW)")
+def test_the_answer_filter_keeps_a_live_connections_segments_out() -> None:
+    """A job's connection to the probed peer port sends ACKs and data from that port; the
+    prober's socket must see only what can answer a probe (SYN-ACK, RST)."""
+    with socket.create_server((PEER, 0)) as srv:
+        port = srv.getsockname()[1]
+        with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP) as raw:
+            tcp_wire.attach_filter(raw, tcp_wire.answer_filter(PEER, port))
+            raw.setblocking(False)
+            with socket.create_connection((PEER, port)) as cli:
+                conn, _ = srv.accept()
+                with conn:
+                    handshake = _drain_raw(raw)  # its SYN-ACK passes
+                    assert handshake and all(s.flags & 0x02 for s in handshake)
+                    for _ in range(50):  # data and ACKs from the peer port
+                        conn.sendall(bytes(1000))
+                        cli.recv(4096)
+                    time.sleep(0.1)
+                    assert _drain_raw(raw) == []

@@ -207,11 +207,12 @@ class SweepProbing:
             self.sweeps += 1
             changed = self.schedule.record(peer.host, result, errors, why, time.monotonic(),
                                            int(time.time() * 1000), tcp)
-            LOG.info("swept %s (%s): %d path(s), %d probe(s), stopped: %s%s%s", peer.host,
+            LOG.info("swept %s (%s): %d path(s), %d probe(s), stopped: %s%s%s%s", peer.host,
                      peer.address, len(result.paths), result.probes_sent, result.stopped,
                      "" if tcp is None else f"; TCP/{self.cfg.tcp_dport}: {len(tcp.paths)} "
                      f"path(s), {tcp.probes_sent} probe(s), stopped: {tcp.stopped}",
-                     "; paths changed" if changed else "")
+                     f"; {errors} probe(s) unanswered or ignored, most: {why}" if errors
+                     else "", f"; paths changed: {changed}" if changed else "")
             self.on_change()  # report the new verification times too
 
     def _sweep(self, peer: PeerState) -> tuple[SweepResult, SweepResult | None, int, str]:
