@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from cruxd.errors import UsageError
 from cruxd.model.topology import NodeKind, Topology, TopologyBuilder
 from tests.rig.fabric import Fabric
-from tests.rig.testbed_metrics import Logs
+from tests.rig.testbed_metrics import Logs, iteration_times
 
 if TYPE_CHECKING:  # tests.rig.testbed runs JobChurn
     from tests.rig.testbed import EmuJob
@@ -263,6 +263,5 @@ def around(logs: dict[str, Logs], events: list[JobEvent], lo: float,
 
 
 def _median_in(its: list[dict[str, float]], lo: float, hi: float) -> float | None:
-    """Median length of the iterations that started at or after lo and ended by hi."""
-    inside = [it["end"] - it["t0"] for it in its if lo <= it["t0"] and it["end"] <= hi]
+    inside = iteration_times(its, lo, hi)
     return statistics.median(inside) if inside else None

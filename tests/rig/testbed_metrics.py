@@ -52,12 +52,17 @@ def busy(iterations: list[dict[str, float]], lo: float, hi: float) -> float:
                for it in iterations)
 
 
+def iteration_times(its: list[dict[str, float]], lo: float, hi: float) -> list[float]:
+    """Lengths of the iterations that started at or after lo and ended by hi."""
+    return [it["end"] - it["t0"] for it in its if it["t0"] >= lo and it["end"] <= hi]
+
+
 def job_stats(ranks: Logs, lo: float, hi: float) -> JobStats:
     p_lo, p_hi = presence(ranks, lo, hi)
     if p_hi <= p_lo:
         return JobStats(0.0, float("nan"), 0)
     util = statistics.fmean(busy(r, p_lo, p_hi) / (p_hi - p_lo) for r in ranks)
-    inside = [it["end"] - it["t0"] for it in ranks[0] if it["t0"] >= lo and it["end"] <= hi]
+    inside = iteration_times(ranks[0], lo, hi)
     return JobStats(util, statistics.median(inside) if inside else float("nan"), len(inside),
                     p_hi - p_lo)
 
