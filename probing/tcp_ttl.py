@@ -20,7 +20,13 @@ What it does to the two kernels involved:
   (never handed to accept()). The prober resets it itself, at the SYN-ACK's
   acknowledgment number, rather than rely on our kernel's RST, which a host firewall
   dropping unsolicited segments would swallow; the kernel's RST, if it comes too,
-  finds nothing left to reset.
+  finds nothing left to reset. Where the peer still holds the 4-tuple in TIME_WAIT (a
+  job's connection from this port, closed at the peer's end first, as a ring's rebuild
+  or a job's restart leaves it), about every other SYN draws a bare ACK instead of a
+  SYN-ACK; the prober then asks once more with a sequence number past the one that ACK
+  names, which the TIME_WAIT takes as a new connection (`_await`). Without that, half
+  the re-verifications of ports a job had just used timed out, the ports were dropped,
+  and each drop was a re-plan (on the testbed, a ring rebuild, and a new TIME_WAIT).
 
 Each probe's sequence number is a random per-trace base plus its TTL: an ICMP reply
 quotes it and a SYN-ACK/RST acknowledges it + 1, so a reply names the exact probe it
@@ -122,13 +128,20 @@ class TcpTtlProber:
                 raise
             return self._trace_in_use(sport)
         with hold:
+            self._pin(sport)
             return self._trace(sport, self.max_hops)
+
+    def _pin(self, sport: int | None) -> None:
+        """Read only segments to `sport` from the peer's port, bare ACKs included (the
+        port is ours alone while we hold it), or with None, only SYN-ACKs and RSTs."""
+        tcp_wire.attach_filter(self._tcp, tcp_wire.answer_filter(self.peer, self.dport, sport))
 
     def _trace_in_use(self, sport: int) -> tuple[str, ...] | None:
         known = self.known.get(sport)
         if not known:
             self.counters.ignore("port in use")
             return None
+        self._pin(None)  # a job's connection holds the port: its ACKs must stay out
         hops = self._trace(sport, len(known), reach=False)
         if hops is not None and hops != known:  # moved: the port's path is unknown now
             self.counters.ignore("port in use, path changed")
@@ -142,9 +155,11 @@ class TcpTtlProber:
             seq = (base + ttl) & 0xFFFFFFFF
             self._send(tcp_wire.syn(self.src, self.peer, sport, self.dport, seq), ttl)
             self.counters.sent += 1
-            got = self._await(sport, seq)
+            got = self._await(sport, ttl, [seq])
             if got is None:
                 self.counters.timeouts += 1
+                self.counters.last_miss = (f"port {sport}, hop {ttl}"
+                                           f"{'' if reach else ' (port in use)'}")
                 return None  # a silent hop: no signature we can trust
             if got == _UNREACHABLE:
                 return None
@@ -153,23 +168,40 @@ class TcpTtlProber:
             hops.append(got)
         return tuple(hops) if not reach else None
 
-    def _await(self, sport: int, seq: int) -> str | None:
-        """A hop's address, _REACHED, _UNREACHABLE, or None when nothing answered."""
+    def _await(self, sport: int, ttl: int, seqs: list[int]) -> str | None:
+        """A hop's address, _REACHED, _UNREACHABLE, or None when nothing answered.
+
+        A peer that still holds this 4-tuple in TIME_WAIT (a connection from this port
+        closed there first) answers a SYN whose sequence number is not past the old
+        connection's with a bare ACK of that connection's next number (RFC 9293 §3.10.7.4;
+        Linux: about every other random ISN). That ACK proves nothing about this probe, so
+        it is not the answer; but a SYN past the number it acknowledges opens a new
+        connection (RFC 6191), whose SYN-ACK is: one such SYN is sent at the same TTL, and
+        an answer to either counts."""
         end = time.monotonic() + self.timeout_s
         while (left := end - time.monotonic()) > 0:
             ready, _, _ = select.select([self._icmp, self._tcp], [], [], left)
             if not ready:
                 break
-            if self._tcp in ready and self._answered(sport, seq):
-                self.counters.replies += 1
-                return _REACHED
-            if self._icmp in ready and (hop := self._icmp_reply(sport, seq)) is not None:
+            if self._tcp in ready:
+                got = self._answered(sport, seqs)
+                if got is True:
+                    self.counters.replies += 1
+                    return _REACHED
+                if got is not False and len(seqs) == 1:
+                    seqs.append((got + 1 + secrets.randbits(16)) & 0xFFFFFFFF)
+                    self._send(tcp_wire.syn(self.src, self.peer, sport, self.dport, seqs[1]),
+                               ttl)
+                    self.counters.sent += 1
+                    end = time.monotonic() + self.timeout_s
+            if self._icmp in ready and (hop := self._icmp_reply(sport, seqs)) is not None:
                 self.counters.replies += 1
                 return hop
         return None
 
-    def _answered(self, sport: int, seq: int) -> bool:
-        """Whether the segment waiting on the TCP socket is the peer's answer to `seq`."""
+    def _answered(self, sport: int, seqs: list[int]) -> bool | int:
+        """Whether the segment waiting on the TCP socket is the peer's answer to one of
+        `seqs`; or, for a bare ACK to `sport` (a TIME_WAIT's), the number it acknowledges."""
         try:
             data = self._tcp.recv(tcp_wire.SNAP)
         except OSError:
@@ -178,9 +210,14 @@ class TcpTtlProber:
         if s is None:
             self.counters.ignore("malformed")
             return False
-        ack = (seq + 1) & 0xFFFFFFFF
-        if ((s.src, s.sport, s.dst, s.dport) != (self.peer, self.dport, self.src, sport)
-                or s.ack != ack or not (s.syn_ack or s.reset)):
+        if (s.src, s.sport, s.dst, s.dport) != (self.peer, self.dport, self.src, sport):
+            self.counters.ignore("not ours")
+            return False
+        if s.flags & (tcp_wire.SYN | tcp_wire.RST | tcp_wire.FIN | tcp_wire.ACK) == tcp_wire.ACK:
+            self.counters.ignore("the peer's TIME_WAIT acknowledged")
+            return s.ack
+        ack = next((a for a in ((q + 1) & 0xFFFFFFFF for q in seqs) if a == s.ack), None)
+        if ack is None or not (s.syn_ack or s.reset):
             self.counters.ignore("not ours")
             return False
         if s.syn_ack:  # end the peer's half-open connection now (see the module doc)
@@ -190,7 +227,7 @@ class TcpTtlProber:
                 self.counters.ignore("reset not sent")
         return True
 
-    def _icmp_reply(self, sport: int, seq: int) -> str | None:
+    def _icmp_reply(self, sport: int, seqs: list[int]) -> str | None:
         data, _ = self._icmp.recvfrom(ICMP_SNAP)
         reply = parse_reply(data, TCP)
         if reply is None:
@@ -199,7 +236,7 @@ class TcpTtlProber:
         if (reply.dst, reply.sport, reply.dport) != (self.peer, sport, self.dport):
             self.counters.ignore("not ours")
             return None
-        if reply.seq != seq:
+        if reply.seq not in seqs:
             self.counters.ignore("late or not ours")
             return None
         if outside(reply.responder, self.allowed):

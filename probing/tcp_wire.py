@@ -4,7 +4,8 @@ The prober sends from a raw IPPROTO_TCP socket, so the kernel writes the IP head
 and we write the TCP header, checksum included (the kernel does not checksum a raw
 socket's payload). Replies are read from the same socket, which sees every TCP
 segment this host receives: `answer_filter` is a classic BPF program that keeps only
-segments from the peer's probed port and truncates them, so a busy host (a job
+segments from the peer's probed port (to the traced port, or answers to a SYN) and
+truncates them, so a busy host (a job
 moving gigabytes over TCP) neither floods the prober nor makes it read much.
 Parsing never raises: any bytes in, a segment or None out.
 """
@@ -101,25 +102,31 @@ _LD_B_IND, _JSET_K = 0x50, 0x45
 _SYN_OR_RST = 0x06  # TCP flags: an answer to a SYN carries one of them
 
 
-def answer_filter(peer: str, peer_port: int) -> list[tuple[int, int, int, int]]:
+def answer_filter(peer: str, peer_port: int,
+                  port: int | None = None) -> list[tuple[int, int, int, int]]:
     """A socket filter for a raw IPv4 TCP socket (it sees packets from the IP header):
     accept, truncated to SNAP bytes, only segments from `peer` whose source port is
-    `peer_port` and that carry SYN or RST (a SYN-ACK or a RST: what answers a probe);
-    everything else never reaches the socket's buffer. Without the flags test, a job's
-    own connection to the same peer port filled the buffer with its ACKs (thousands a
-    second on the emulated testbed), answers to probes were lost among them, and every
-    re-verification dropped known ports."""
-    return [
+    `peer_port`, and of those:
+
+    * with `port` (a source port the prober holds, no connection on it): every segment
+      to `port`. A peer that still holds the 4-tuple in TIME_WAIT answers a SYN with a
+      bare ACK, and the prober needs that ACK (see `probing.tcp_ttl`).
+    * without: those that carry SYN or RST (what answers a probe). Without the flags
+      test, a job's own connection to the same peer port filled the buffer with its ACKs
+      (thousands a second on the emulated testbed), answers to probes were lost among
+      them, and every re-verification dropped known ports.
+
+    Everything else never reaches the socket's buffer."""
+    head = [
         (_LD_W_ABS, 0, 0, 12),  # A = source address
         (_JEQ_K, 0, 6, int(ipaddress.IPv4Address(peer))),
         (_LDX_B_MSH, 0, 0, 0),  # X = IP header length
         (_LD_H_IND, 0, 0, 0),  # A = TCP source port
         (_JEQ_K, 0, 3, peer_port),
-        (_LD_B_IND, 0, 0, 13),  # A = TCP flags
-        (_JSET_K, 0, 1, _SYN_OR_RST),
-        (_RET_K, 0, 0, SNAP),
-        (_RET_K, 0, 0, 0),
     ]
+    test = [(_LD_H_IND, 0, 0, 2), (_JEQ_K, 0, 1, port)] if port is not None else \
+        [(_LD_B_IND, 0, 0, 13), (_JSET_K, 0, 1, _SYN_OR_RST)]  # A = TCP dest port / flags
+    return head + test + [(_RET_K, 0, 0, SNAP), (_RET_K, 0, 0, 0)]
 
 
 def attach_filter(sock: socket.socket, program: list[tuple[int, int, int, int]]) -> None:

@@ -44,6 +44,7 @@ class ProbeCounters:
     ignored: int = 0  # not ours, malformed, or from outside the fabric
     timeouts: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+    last_miss: str = ""  # the latest timeout: which source port, at which hop
 
     def ignore(self, why: str) -> None:
         self.ignored += 1
@@ -91,6 +92,7 @@ class TtlProber:
                 reply = self._await(sport, udp, TTL_ECHO + nonce)
                 if reply is None:
                     self.counters.timeouts += 1
+                    self.counters.last_miss = f"port {sport}, hop {ttl}"
                     return None  # a silent hop: no signature we can trust
                 if reply is REACHED or reply.reached:
                     return tuple(hops)

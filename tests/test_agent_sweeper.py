@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 
-from cruxd.agent.sweeper import SweepProbing
+from cruxd.agent.sweeper import SweepProbing, problems
 from cruxd.config.parse import parse_config
 from cruxd.control.records import HostPlan, JobAssignment, JobState, PeerRoute
 from probing.schedule import ProbeSchedule
 from probing.sweep import SweepResult
+from probing.ttl import ProbeCounters
 from tests.test_probing_core import HashProber
 
 
@@ -108,3 +109,14 @@ def test_schedule_order_and_due_times() -> None:
     s.failed("b", "socket: permission denied", now=9.0, retry_s=30)
     assert (s.peers["b"].errors, s.peers["b"].due) == (1, 39.0)
     assert not s.record("gone", r, 0, "", 1.0, 1)
+
+
+def test_problems_name_the_commonest_reason_and_the_last_silent_port() -> None:
+    quiet, noisy = ProbeCounters(), ProbeCounters()
+    assert problems([quiet]) == (0, "")
+    quiet.timeouts, quiet.last_miss = 2, "port 61000, hop 4"
+    noisy.ignore("not ours")
+    assert problems([quiet, noisy]) == (3, "no reply (2), last: port 61000, hop 4")
+    for _ in range(3):
+        noisy.ignore("not ours")
+    assert problems([quiet, noisy]) == (6, "not ours (4)")  # the silent port only with its reason

@@ -119,7 +119,11 @@ class Scripted(TcpTtlProber):
         self.sent: list[tuple[int, tcp_wire.Segment]] = []
         super().__init__(PEER, dport=5201, timeout_s=0.05, **kw)  # type: ignore[arg-type]
 
+    def _pin(self, sport: int | None) -> None:  # the kernel's filter: its own test below
+        self.pins.append(sport)
+
     def _open(self) -> tuple[socket.socket, socket.socket]:
+        self.pins: list[int | None] = []
         self.far_icmp, icmp = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.far_tcp, tcp = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         return icmp, tcp
@@ -226,12 +230,50 @@ def test_a_port_in_use_is_never_sent_to_the_peer() -> None:
         with Scripted(clos, known={port: tuple(ROUTERS)}) as p:
             assert p.trace(port) == tuple(ROUTERS)
             assert [ttl for ttl, _ in p.sent] == [1, 2, 3]
+        assert p.pins == [None]  # the job's own ACKs stay out of the prober's socket
         moved = ("10.2.0.1", "10.3.9.2", "10.3.41.1")
         with Scripted(clos, known={port: moved}) as p:
             assert p.trace(port) is None
             assert p.counters.reasons == {"port in use, path changed": 1}
     with Scripted(clos, known={port: tuple(ROUTERS)}) as p:  # free again: a full trace
         assert p.trace(port) == tuple(ROUTERS) and len(p.sent) == 5
+
+
+def test_a_peer_in_time_wait_is_asked_again_past_the_number_it_acknowledges() -> None:
+    """The peer holds the 4-tuple in TIME_WAIT: a SYN not past its next expected number
+    draws a bare ACK of that number, a SYN past it a SYN-ACK (a new connection)."""
+    rcv_nxt: list[int] = []
+
+    def time_wait(ttl: int, seq: int, sport: int) -> list[Reply]:
+        if ttl <= 3:
+            return clos(ttl, seq, sport)
+        if not rcv_nxt:
+            rcv_nxt.append((seq + 1000) % 2**32)  # the first SYN is not past it
+        if 0 < (seq - rcv_nxt[0]) % 2**32 < 2**31:
+            return [("tcp", synack(sport, seq))]
+        ack = bytes(IP(src=PEER, dst=SRC) / TCP(sport=5201, dport=sport, seq=77,
+                                                ack=rcv_nxt[0], flags="A"))
+        return [("tcp", ack)]
+
+    port = free_port()
+    with Scripted(time_wait) as p:
+        assert p.trace(port) == tuple(ROUTERS)
+        assert p.pins == [port]  # the port is held: bare ACKs to it may pass
+        last = [s for ttl, s in p.sent if ttl == 4 and s.flags == tcp_wire.SYN]
+        assert len(last) == 2 and 0 < (last[1].seq - rcv_nxt[0]) % 2**32 < 2**16 + 2
+        _, rst = p.sent[-1]  # the new connection's half-open end is reset
+        assert rst.flags == tcp_wire.RST and rst.seq == (last[1].seq + 1) % 2**32
+        assert p.counters.timeouts == 0
+
+    def stubborn(ttl: int, seq: int, sport: int) -> list[Reply]:  # ACKs every SYN
+        if ttl <= 3:
+            return clos(ttl, seq, sport)
+        return [("tcp", bytes(IP(src=PEER, dst=SRC) / TCP(sport=5201, dport=sport,
+                                                          ack=seq, flags="A")))]
+
+    with Scripted(stubborn) as p:  # asked again once, not forever
+        assert p.trace(free_port()) is None and p.counters.timeouts == 1
+        assert len([s for ttl, s in p.sent if ttl == 4]) == 2
 
 
 def test_bad_arguments() -> None:
@@ -274,3 +316,26 @@ def test_the_answer_filter_keeps_a_live_connections_segments_out() -> None:
                         cli.recv(4096)
                     time.sleep(0.1)
                     assert _drain_raw(raw) == []
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="a raw TCP socket needs root (CAP_NET_RAW)")
+def test_ports_the_peer_holds_in_time_wait_are_traced() -> None:
+    """The real kernel: each port's last connection is closed at the listener's end
+    first, so the listener holds it in TIME_WAIT when the probe comes (before the fix,
+    about half of these traces timed out on the bare ACK)."""
+    with socket.create_server((PEER, 0)) as srv:
+        port = srv.getsockname()[1]
+        sports = []
+        for _ in range(12):
+            with socket.socket() as cli:
+                cli.bind((SRC, 0))
+                cli.connect((PEER, port))
+                conn, _ = srv.accept()
+                conn.close()  # the listener's end first: TIME_WAIT stays there
+                assert cli.recv(1) == b""
+                sports.append(cli.getsockname()[1])
+        with TcpTtlProber(PEER, dport=port, timeout_s=0.5) as p:
+            assert [p.trace(s) for s in sports] == [()] * len(sports)  # reached at once
+            assert p.counters.timeouts == 0

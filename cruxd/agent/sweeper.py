@@ -48,15 +48,17 @@ TcpProberFactory = Callable[[str, Mapping[int, tuple[str, ...]]], ClosingProber]
 
 def problems(counters: list[ProbeCounters]) -> tuple[int, str]:
     """Replies ignored or missing over `counters`, and the commonest reason."""
-    ignored, reasons = 0, dict[str, int]()
+    ignored, reasons, miss = 0, dict[str, int](), ""
     for c in counters:
+        miss = c.last_miss or miss
         ignored += c.ignored + c.timeouts
         for why, n in c.reasons.items():
             reasons[why] = reasons.get(why, 0) + n
         if c.timeouts:
             reasons["no reply"] = reasons.get("no reply", 0) + c.timeouts
     top = max(reasons.items(), key=lambda kv: kv[1], default=("", 0))
-    return ignored, f"{top[0]} ({top[1]})" if top[1] else ""
+    text = f"{top[0]} ({top[1]})" if top[1] else ""
+    return ignored, f"{text}, last: {miss}" if miss and top[0] == "no reply" else text
 
 
 def _v4(prefixes: tuple[str, ...]) -> tuple[ipaddress.IPv4Network, ...]:
