@@ -131,11 +131,15 @@ def hash_draws(sc: Scenario, duration_s: float, n: int = 20,
     return {"n": n, "mean": sum(us) / n, "min": min(us), "max": max(us)}
 
 
-def simulated_degraded(sc: Scenario, duration_s: float, leaf: str, spine: str) -> float:
+def simulated_degraded(sc: Scenario, duration_s: float, leaf: str, spine: str,
+                       via: dict[str, dict[tuple[str, str], str]] | None = None,
+                       levels: dict[str, int] | None = None) -> float:
     """crux-full's utilisation on the fabric without the leaf-spine cable: what the
-    cluster can recover to after the failure."""
+    cluster can recover to after the failure; with `via` and `levels`, that of the
+    plan that ran after it instead (the network model's check on the degraded run)."""
     topo = without_cable(sc.view.topology, leaf, spine)
-    return _run(sc, make_policy("crux-full"), duration_s, topo=topo).gpu_utilization
+    policy = Pinned(via, levels=levels) if via is not None else make_policy("crux-full")
+    return _run(sc, policy, duration_s, topo=topo).gpu_utilization
 
 
 def simulated_on(sc: Scenario, duration_s: float,
@@ -175,6 +179,9 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
     if run.link and link_down is not None:
         out["link_down"] = link_down_result(logs, gpus, link_down, run.link, lo, hi,
                                             out["timeline"])
+        out["link_down"]["levels_after"] = {j: d.get("level", 0)
+                                            for j, d in sorted(run.plan_end.items())}
+        out["link_down"]["paths_after"] = layout.planned_paths(run.plan_end)
     return {"utilization": cluster_utilization(stats, gpus), **out,
             "paths": layout.observed_paths(carried),
             "jobs": {jid: {"utilization": s.utilization, "iteration_s": s.iteration_s,
@@ -277,9 +284,14 @@ def main() -> int:
             m["simulated"] = {"utilization": on[SIM_POLICY[mode]]["utilization"],
                               "jobs": on[SIM_POLICY[mode]]["jobs"]}
             if "link_down" in m and down is not None:
-                m["link_down"]["simulated_after"] = simulated_degraded(
-                    sc, args.duration, layout.leaf_ids[down.leaf],
-                    layout.spine_ids[down.spine])
+                cable = layout.leaf_ids[down.leaf], layout.spine_ids[down.spine]
+                d = m["link_down"]
+                d["simulated_after"] = simulated_degraded(sc, args.duration, *cable)
+                if d["paths_after"]:
+                    d["simulated_as_planned_after"] = simulated_degraded(
+                        sc, args.duration, *cable, d["paths_after"], d["levels_after"])
+                    d["paths_after"] = {j: {f"{a}->{b}": sp for (a, b), sp in v.items()}
+                                        for j, v in d["paths_after"].items()}
             if mode == "ecmp":
                 m["simulated"]["hash_draws"] = hash_draws(sc, horizon, churn=churn)
             if mode == "ecmp" and m["paths"]:
@@ -342,7 +354,11 @@ def print_tables(result: dict[str, Any]) -> None:
                   f"{_secs(d['jobs_recovered_s'])}); utilisation "
                   f"{d['utilization_before']:.3f} before, {d['utilization_after']:.3f} "
                   f"after, simulated on the fabric without the cable "
-                  f"{d['simulated_after']:.3f}")
+                  f"{d['simulated_after']:.3f} (crux-full's own plan)"
+                  + (f", {d['simulated_as_planned_after']:.3f} (the plan that ran after)"
+                     if "simulated_as_planned_after" in d else "")
+                  + "; levels at the end: " + ", ".join(
+                      f"{j} {lv}" for j, lv in d.get("levels_after", {}).items()))
     for mode, m in result["modes"].items():
         if m.get("events"):
             jobs = list(m["jobs"])

@@ -65,14 +65,18 @@ def test_embedded_default_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
                  or proc.poll() is not None)
         assert proc.poll() is None, log.read_text()
         assert "config: <embedded default>" in log.read_text()
-        job = crux_run(sock, "demo", "--gpus", "8", "--flops-per-iter", "1e15")
+        job = crux_run(sock, "demo", "--gpus", "8", "--flops-per-iter", "1e15",
+                       "--compute-s", "1.2", "--comm-s", "0.31", "--period-s", "1.15")
         def in_table() -> bool:
             with TableReader(tmp_path / "run" / "decisions") as t:
                 return any(d.job_id == "demo" for d in t.snapshot())
         wait_for("demo in the table", in_table)
         doc = status(sock)
         assert [j["job_id"] for j in doc["cluster"]["jobs"]] == ["demo"]
-        assert doc["agent"]["jobs"][0]["measurement"]["source"] == "hints"
+        declared = doc["agent"]["jobs"][0]["measurement"]
+        assert declared["source"] == "hints"
+        assert (declared["compute_s"], declared["comm_s"], declared["period_s"]) == (
+            1.2, 0.31, 1.15)  # with the period, the leader derives the job's overlap
         assert (tmp_path / "state" / "leader-state.json").exists()
     finally:
         if job is not None:

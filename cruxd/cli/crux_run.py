@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="hint: FLOPs per iteration on this host's GPUs (W_j share)")
     p.add_argument("--compute-s", type=float, metavar="S", help="hint: compute s/iteration")
     p.add_argument("--comm-s", type=float, metavar="S", help="hint: t_j, s/iteration")
+    p.add_argument("--period-s", type=float, metavar="S",
+                   help="hint: iteration time alone, s (with --compute-s and --comm-s it "
+                        "says how much of the compute the transfer overlaps; without it "
+                        "the leader assumes half)")
     p.add_argument("--allreduce-bytes", type=float, metavar="B",
                    help="hint: gradient all-reduce size per iteration")
     p.add_argument("--socket", metavar="PATH",
@@ -106,7 +110,7 @@ def _register(args: argparse.Namespace, job_id: str) -> str | None:
     path = agent_socket(args.socket, None)
     hints = cpb.JobMeasurement(flops_per_iter=args.flops_per_iter or 0.0,
                                compute_s=args.compute_s or 0.0, comm_s=args.comm_s or 0.0,
-                               allreduce_bytes=args.allreduce_bytes or 0.0)
+                               period_s=args.period_s or 0.0, allreduce_bytes=args.allreduce_bytes or 0.0)
     nnodes = args.nnodes or _env_int("NNODES", "SLURM_NNODES") or 1
     reg = apb.RegisterJob(
         job_id=job_id, gpus=args.gpus if args.gpus is not None else _gpus(),

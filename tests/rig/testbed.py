@@ -14,6 +14,7 @@ opens, and one with `iterations` leaves after that many iterations in the window
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cruxd.errors import UsageError
 from cruxd.model.topology import NodeKind, Topology
@@ -125,6 +126,23 @@ class Layout:
                     spine = max(range(len(per_spine)), key=per_spine.__getitem__)
                     out.setdefault(job, {})[(self.host_ids[int(a[1:])],
                                              self.host_ids[int(b[1:])])] = self.spine_ids[spine]
+        return out
+
+    def planned_paths(self, jobs: dict[str, Any]) -> dict[str, dict[tuple[str, str], str]]:
+        """The same from the leader's plan (its jobs as `cruxctl status --json` gives
+        them): the spine each route between leaves was planned through. A spine answers
+        probes from one of its addresses, 10.3.(MAX_SPINES leaf + spine).2, whichever
+        the leaf; the address names the spine."""
+        out: dict[str, dict[tuple[str, str], str]] = {}
+        for job, doc in jobs.items():
+            for r in doc.get("routes", []):
+                hops = r.get("hops", [])
+                src, dst = str(r.get("src_host", "")), str(r.get("peer_host", ""))
+                if len(hops) != 3 or not (src[1:].isdigit() and dst[1:].isdigit()):
+                    continue
+                spine = int(str(hops[1]).split(".")[2]) % MAX_SPINES
+                out.setdefault(job, {})[(self.host_ids[int(src[1:])],
+                                         self.host_ids[int(dst[1:])])] = self.spine_ids[spine]
         return out
 
     def fabric(self, dscp_by_level: tuple[int, ...] = (0,)) -> Fabric:

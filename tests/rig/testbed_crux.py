@@ -101,11 +101,14 @@ def agent_config(f: Fabric, host: str, root: Path, levels: int,
 
 def _hints(layout: Layout, job: EmuJob, rank: int) -> list[str]:
     """What a job declares at registration: this host's share of W_j (the leader sums
-    the hosts), its compute time, t_j alone, and its model size."""
+    the hosts), its compute time, t_j and iteration time alone (together: its overlap;
+    without the period the leader assumed half, and GPT's 0.3 read as slack enough to
+    put every BERT above it), and its model size."""
     share = job.host_gpus[rank] / job.gpus if job.gpus else 0.0
     return ["--gpus", str(job.host_gpus[rank]), "--node-rank", str(rank),
             "--nnodes", str(len(job.hosts)), "--flops-per-iter", f"{job.flops * share:g}",
             "--compute-s", f"{job.compute_s:g}", "--comm-s", f"{comm_s(layout, job):g}",
+            "--period-s", f"{standalone_period(layout, job):g}",
             "--allreduce-bytes", f"{job.model_bytes:g}"]
 
 
@@ -208,10 +211,11 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
                         link = fail_link(f, link_down, end, leader)
                     time.sleep(max(0.0, end - time.time()))
                 carried = read()
+            final = {j["job_id"]: j for j in (leader().get("cluster") or {}).get("jobs", [])}
             stop_jobs(procs)
             logs = {job.id: [[it for it in rank if it["t0"] >= settled]
                              for rank in read_logs(logdir, job)] for job in layout.jobs}
-    return ModeRun(logs, carried, plan, link, churn.events)
+    return ModeRun(logs, carried, plan, final, link, churn.events)
 
 
 def summary(doc: dict[str, Any]) -> dict[str, str]:

@@ -110,11 +110,13 @@ Logs = dict[str, list[list[dict[str, float]]]]
 class ModeRun:
     """What one mode's run leaves: each job's iteration logs (epoch seconds), the bytes
     each job's hops put on each spine, the leader's view of each job when the window
-    began (crux modes), the link-down timings, and the jobs' arrivals and departures."""
+    began (crux modes) and as it ended, the link-down timings, and the jobs' arrivals
+    and departures."""
 
     logs: Logs
     carried: SpineBytes = field(default_factory=dict)
     plan: dict[str, Any] = field(default_factory=dict)
+    plan_end: dict[str, Any] = field(default_factory=dict)
     link: dict[str, float | None] = field(default_factory=dict)
     events: list[JobEvent] = field(default_factory=list)
 
