@@ -110,7 +110,8 @@ def _register(args: argparse.Namespace, job_id: str) -> str | None:
     path = agent_socket(args.socket, None)
     hints = cpb.JobMeasurement(flops_per_iter=args.flops_per_iter or 0.0,
                                compute_s=args.compute_s or 0.0, comm_s=args.comm_s or 0.0,
-                               period_s=args.period_s or 0.0, allreduce_bytes=args.allreduce_bytes or 0.0)
+                               period_s=args.period_s or 0.0,
+                               allreduce_bytes=args.allreduce_bytes or 0.0)
     nnodes = args.nnodes or _env_int("NNODES", "SLURM_NNODES") or 1
     reg = apb.RegisterJob(
         job_id=job_id, gpus=args.gpus if args.gpus is not None else _gpus(),
