@@ -5,8 +5,8 @@ and we write the TCP header, checksum included (the kernel does not checksum a r
 socket's payload). Replies are read from the same socket, which sees every TCP
 segment this host receives: `answer_filter` is a classic BPF program that keeps only
 segments from the peer's probed port (to the traced port, or answers to a SYN) and
-truncates them, so a busy host (a job
-moving gigabytes over TCP) neither floods the prober nor makes it read much.
+truncates them, so a busy host (a job moving gigabytes over TCP) neither floods the
+prober nor makes it read much.
 Parsing never raises: any bytes in, a segment or None out.
 """
 

@@ -37,6 +37,21 @@ def test_the_fig19_example_maps_onto_four_leaves_and_two_spines() -> None:
     assert {h for j in lay.jobs for h in j.hosts} == {f"h{k}" for k in range(12)}
 
 
+def test_the_leaders_routes_name_the_spine_each_hop_was_planned_through() -> None:
+    lay = Layout.of(load_scenario(FIG19), scale=1e-3)
+    jobs = {"gpt-32": {"routes": [
+        {"src_host": "h0", "peer_host": "h3", "hops": ["10.2.0.1", "10.3.1.2", "10.3.32.1"]},
+        # spine 0 answering from its address on leaf 2's link: still spine 0
+        {"src_host": "h3", "peer_host": "h6", "hops": ["10.2.3.1", "10.3.64.2", "10.3.64.1"]},
+        {"src_host": "h6", "peer_host": "h9", "hops": []},  # not probed yet
+        {"src_host": "h9", "peer_host": "h0", "hops": ["node:7", "node:8", "node:9"]},  # INT
+        {"src_host": "h99", "peer_host": "h0", "hops": ["10.2.9.1", "10.3.1.2", "10.3.1.1"]},
+    ]}, "bert-a": {"routes": [{"src_host": "h1", "peer_host": "h4"}]}}
+    assert lay.planned_paths(jobs) == {"gpt-32": {
+        (lay.host_ids[0], lay.host_ids[3]): lay.spine_ids[1],
+        (lay.host_ids[3], lay.host_ids[6]): lay.spine_ids[0]}}
+
+
 def _scenario(tmp_path: Path, topology: dict[str, object],
               jobs: list[dict[str, object]]) -> Path:
     p = tmp_path / "s.json"

@@ -132,17 +132,20 @@ class Layout:
         """The same from the leader's plan (its jobs as `cruxctl status --json` gives
         them): the spine each route between leaves was planned through. A spine answers
         probes from one of its addresses, 10.3.(MAX_SPINES leaf + spine).2, whichever
-        the leaf; the address names the spine."""
+        the leaf; the address names the spine. Routes it cannot read (within a leaf,
+        unprobed, hops that are not rig addresses) are left out."""
         out: dict[str, dict[tuple[str, str], str]] = {}
         for job, doc in jobs.items():
             for r in doc.get("routes", []):
                 hops = r.get("hops", [])
-                src, dst = str(r.get("src_host", "")), str(r.get("peer_host", ""))
-                if len(hops) != 3 or not (src[1:].isdigit() and dst[1:].isdigit()):
+                try:
+                    spine = self.spine_ids[int(str(hops[1]).split(".")[2]) % MAX_SPINES]
+                    pair = (self.host_ids[int(str(r["src_host"])[1:])],
+                            self.host_ids[int(str(r["peer_host"])[1:])])
+                except (IndexError, KeyError, ValueError):
                     continue
-                spine = int(str(hops[1]).split(".")[2]) % MAX_SPINES
-                out.setdefault(job, {})[(self.host_ids[int(src[1:])],
-                                         self.host_ids[int(dst[1:])])] = self.spine_ids[spine]
+                if len(hops) == 3:
+                    out.setdefault(job, {})[pair] = spine
         return out
 
     def fabric(self, dscp_by_level: tuple[int, ...] = (0,)) -> Fabric:
