@@ -263,3 +263,23 @@ def test_plan_live_json(daemon: Daemon) -> None:
     finally:
         job.kill()
         job.wait()
+
+
+@pytest.mark.parametrize("taken", ["leader.listen", "metrics.listen"])
+def test_a_taken_port_is_one_line_and_exit_2(daemon: Daemon, tmp_path: Path,
+                                             taken: str) -> None:
+    """A second leader must not share the first's port (gRPC's default SO_REUSEPORT
+    would split the agents between them), nor its metrics port."""
+    ports = {"leader.listen": _port(daemon, "leader listening on"),
+             "metrics.listen": _port(daemon, "metrics on")}
+    listen = {k: f"127.0.0.1:{ports[k]}" if k == taken else "127.0.0.1:0" for k in ports}
+    second = Daemon(tmp_path, "second", {
+        "daemon": {"roles": ["leader"], "log_level": "info"},
+        "leader": {"listen": listen["leader.listen"]},
+        "metrics": {"listen": listen["metrics.listen"]}}).start()
+    assert second.proc is not None
+    assert second.proc.wait(20) == 2
+    lines = second.log_text().strip().splitlines()
+    assert "Traceback" not in second.log_text()
+    assert lines[-1].startswith("cruxd: error: ") and f"{taken}: cannot listen on" in lines[-1]
+    assert daemon.proc is not None and daemon.proc.poll() is None  # the first one keeps going

@@ -115,7 +115,9 @@ class Daemon:
         self.leader = leader = Leader(c, load_topology(c.leader.topology),
                                       self.metrics.on_plan, self.metrics.on_reject)
         leader.restore()
-        self.server = grpc.aio.server(options=tls.KEEPALIVE_SERVER)
+        # gRPC sets SO_REUSEPORT by default: a second leader on a taken port would bind it
+        # too and take half the agents' connections. A taken port is the operator's to fix.
+        self.server = grpc.aio.server(options=[*tls.KEEPALIVE_SERVER, ("grpc.so_reuseport", 0)])
         add_leader(leader, self.server, self.metrics.on_reject)
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
