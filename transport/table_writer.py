@@ -238,6 +238,12 @@ class TableWriter(MappedTable):
         self._publish(changed > 0, plan_generation, shrink=bool(gone))
         return changed
 
+    def advance(self, plan_generation: int) -> None:
+        """The table now reflects `plan_generation`, its entries unchanged (a plan that
+        changed nothing on this host); they keep the generation that decided them."""
+        check_uint("plan_generation", plan_generation, 2**64 - 1)
+        self._publish(False, plan_generation)
+
     def upsert(self, decision: Decision) -> bool:
         """Add or replace the entry for decision's (job, peer); True if the table changed."""
         if not isinstance(decision, Decision):

@@ -17,6 +17,7 @@ from cruxd import __version__
 from cruxd.agent.dataplane import DataPlane
 from cruxd.agent.inventory import discover_nics, gpu_count
 from cruxd.agent.job_store import JobStore
+from cruxd.agent.leader_finder import LeaderFinder
 from cruxd.agent.local_api import AgentStatus, Refusal, Refused
 from cruxd.agent.local_rpc import LocalRpc
 from cruxd.agent.local_server import Limits, LocalServer, PeerCred, group_id
@@ -76,11 +77,15 @@ class Agent:
                                   Limits(a.max_connections, a.max_connections_per_uid,
                                          a.request_timeout_s))
         self.store = JobStore(self.state_file)
+        self.finder = LeaderFinder(config.leader) if config.leader.ha == "etcd" else None
         self.link = LeaderLink(leader_address, config.tls, self.host_id, self.report,
                                self.apply_plan, a.report_interval_s, a.reconnect_max_s,
                                lambda: self.table.header().plan_generation,
-                               token_path=config.agent.leader_token)
+                               token_path=config.agent.leader_token,
+                               fallback=a.leader_fallback, resolve=self.finder)
         self.rejected = 0
+        self.term = 0  # the newest leader term seen: plans from older ones are refused
+        self.stale_refused = 0
         self._restoring = False
         self._report_at = 0.0  # monotonic time of the last report built, and its cost
         self._report_cost = 0.0
@@ -103,6 +108,8 @@ class Agent:
         await self.probing.stop()
         await self.server.stop()
         await self.link.stop()
+        if self.finder is not None:
+            await self.finder.close()
         self.measurement.stop()
         self._rewrite()
         self.registry.close()
@@ -138,14 +145,33 @@ class Agent:
         return AgentReport(self.inventory(), tuple(self.local_jobs()), self.probing.paths(),
                            self.measurement.links(), self.table.header().plan_generation)
 
-    def apply_plan(self, hp: HostPlan) -> None:
+    def apply_plan(self, hp: HostPlan) -> bool:
+        """Apply one message of the plan stream; False when the table does not hold the
+        generation a watermark builds on (the stream must start over for a full plan)."""
         check_host_plan(hp, self.host_id)
+        if hp.term < self.term:  # a deposed leader that has not noticed yet
+            self.stale_refused += 1
+            LOG.warning("plan %d refused: leader term %d, older than %d", hp.generation,
+                        hp.term, self.term)
+            return True
+        self.term = hp.term
+        if hp.unchanged:
+            held = self.table.header().plan_generation
+            if held != hp.base_generation:
+                LOG.warning("plan %d: unchanged since %d, but the table holds %d; asking for "
+                            "the whole plan", hp.generation, hp.base_generation, held)
+                return False
+            self.table.advance(hp.generation)
+            self.link.poke()
+            LOG.debug("plan %d: nothing changed on this host", hp.generation)
+            return True
         changed = self.table.apply(plan_decisions(hp), hp.generation)
         self.probing.plan_changed(hp)
         self.measurement.plan_changed(hp)
         self.link.poke()  # tell the leader which generation the table holds
         LOG.info("plan %d applied: %d job(s), %d table entr%s changed", hp.generation,
                  len(hp.jobs), changed, "y" if changed == 1 else "ies")
+        return True
 
     def _job_changed(self, job_id: str, what: str) -> None:
         LOG.info("job %s %s", job_id, what)

@@ -11,14 +11,15 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from cruxd.config.model import TlsConfig
 from cruxd.control.records import AgentReport, HostPlan
-from cruxd.leader.auth import call_metadata
+from cruxd.leader.auth import LEADER_TRAILER, call_metadata
 from cruxd.rpc import convert, tls
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
@@ -45,10 +46,18 @@ class Backoff:
 
 class LeaderLink:
     def __init__(self, address: str, tls_config: TlsConfig, host_id: str,
-                 make_report: Callable[[], AgentReport], on_plan: Callable[[HostPlan], None],
+                 make_report: Callable[[], AgentReport], on_plan: Callable[[HostPlan], bool],
                  interval_s: float, backoff_max_s: float,
-                 have_generation: Callable[[], int], token_path: Path | None = None) -> None:
+                 have_generation: Callable[[], int], token_path: Path | None = None,
+                 fallback: tuple[str, ...] = (),
+                 resolve: Callable[[], Awaitable[str | None]] | None = None) -> None:
         self.address = address
+        # where to look when the leader fails: etcd's record of the active leader (HA),
+        # a standby's redirect, else the configured addresses in turn
+        self._candidates = (address, *(a for a in fallback if a != address))
+        self._resolve = resolve
+        self._failures = 0
+        self._call: grpc.aio.UnaryStreamCall[Any, Any] | None = None
         self._token_path = token_path  # re-read per call: the leader may start after us
         self.host_id = host_id
         self.interval_s = interval_s
@@ -61,6 +70,7 @@ class LeaderLink:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._channel: grpc.aio.Channel | None = None
+        self._closing: asyncio.Task[None] | None = None
         self._seq = 0
         self.reachable = False
         self.last_error = "not connected yet"
@@ -68,8 +78,7 @@ class LeaderLink:
         self.rpc_errors = 0
 
     async def start(self) -> None:
-        self._channel = tls.channel(self.address, self._tls)
-        self._stub = lgrpc.LeaderStub(self._channel)  # type: ignore[no-untyped-call]
+        self._connect(self.address)
         self._tasks = [asyncio.create_task(self._report_loop(), name="report"),
                        asyncio.create_task(self._watch_loop(), name="watch")]
 
@@ -84,6 +93,37 @@ class LeaderLink:
                 await asyncio.wait_for(self._channel.close(grace=None), 2.0)
             except TimeoutError:
                 LOG.warning("closing the channel to the leader timed out")
+
+    def _connect(self, address: str) -> None:
+        old = self._channel
+        self.address = address
+        self._channel = tls.channel(address, self._tls)
+        self._stub = lgrpc.LeaderStub(self._channel)  # type: ignore[no-untyped-call]
+        if self._call is not None:
+            self._call.cancel()  # the plan stream starts over on the new channel
+            self._call = None
+        if old is not None:
+            self._closing = asyncio.create_task(old.close(grace=None))
+
+    async def _follow(self, exc: grpc.aio.AioRpcError) -> bool:
+        """After a failed report: switch to where the active leader is, if that is
+        elsewhere. True if switched."""
+        self._failures += 1
+        target = None
+        if exc.code() is grpc.StatusCode.FAILED_PRECONDITION:  # a standby names the leader
+            target = dict(exc.trailing_metadata() or ()).get(LEADER_TRAILER) or None
+        if target is None and self._resolve is not None:
+            with contextlib.suppress(Exception):  # etcd down too: the list, below
+                target = await self._resolve()
+        if target is None and self._failures >= 2 and len(self._candidates) > 1:
+            i = self._candidates.index(self.address) if self.address in self._candidates else -1
+            target = self._candidates[(i + 1) % len(self._candidates)]
+        if target is None or target == self.address or not isinstance(target, str):
+            return False
+        LOG.warning("leader %s: following the active leader at %s", self.address, target)
+        self._failures = 0
+        self._connect(target)
+        return True
 
     def _auth(self) -> tuple[tuple[str, str], ...]:
         return call_metadata(self._token_path)
@@ -114,31 +154,48 @@ class LeaderLink:
                 if not self.reachable:
                     LOG.info("leader %s reachable", self.address)
                 self.reachable, self.last_error = True, ""
+                self._failures = 0
                 backoff.reset()
                 wait = self.interval_s
             except grpc.aio.AioRpcError as exc:
                 self._failed("report", exc)
-                wait = backoff.next()
+                if await self._follow(exc):
+                    backoff.reset()
+                    wait = 0.0
+                else:  # with etcd to ask, ask often: the new leader may be elected now
+                    wait = min(backoff.next(), 1.0) if self._resolve else backoff.next()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), wait)
 
     async def _watch_loop(self) -> None:
         backoff = Backoff(self._backoff_max_s)
+        resync = False
         while not self._stop.is_set():
-            call = self._stub.WatchPlan(lpb.WatchRequest(host_id=self.host_id,
-                                                         have_generation=self._have()),
-                                       metadata=self._auth())
+            # resync: the table does not hold what a watermark built on; have 0 asks for all
+            have = 0 if resync else self._have()
+            resync = False
+            call = self._call = self._stub.WatchPlan(
+                lpb.WatchRequest(host_id=self.host_id, have_generation=have),
+                metadata=self._auth())
             try:
                 async for msg in call:
                     backoff.reset()
                     self.last_plan_mono = time.monotonic()
                     try:
-                        self._on_plan(convert.host_plan_from_pb(msg))
+                        resync = not self._on_plan(convert.host_plan_from_pb(msg))
                     except Exception as exc:  # a plan we cannot apply: keep the last one
                         LOG.error("plan generation %d not applied: %s", msg.generation, exc)
+                    if resync:
+                        call.cancel()
+                        break
             except grpc.aio.AioRpcError as exc:
-                self._failed("plan stream", exc)
-            await asyncio.sleep(backoff.next())
+                if exc.code() is not grpc.StatusCode.CANCELLED:  # cancelled: a new leader
+                    self._failed("plan stream", exc)
+            except asyncio.CancelledError:
+                if self._stop.is_set() or call is self._call:
+                    raise  # the task is cancelled, not just the call
+            if not resync:
+                await asyncio.sleep(backoff.next())
 
     async def cluster_status(self) -> tuple[cpb.ClusterStatus | None, str]:
         try:

@@ -179,6 +179,24 @@ class Section:
             raise self.error(key, f"port must be in [{min_port}, 65535], got {port}")
         return v
 
+    def hostports(self, key: str, *, min_port: int = 1) -> tuple[str, ...]:
+        """An array of checked `host:port` texts, none twice."""
+        out: list[str] = []
+        for i, v in enumerate(self.strings(key)):
+            try:
+                _, port = parse_hostport(v)
+            except ValueError as exc:
+                raise self.error(key, f"[{i}]: {exc}") from None
+            if port < min_port:
+                raise self.error(key, f"[{i}]: port must be in [{min_port}, 65535], got {port}")
+            if v in out:
+                raise self.error(key, f"{v} is listed twice")
+            out.append(v)
+        return tuple(out)
+
+    def has(self, key: str) -> bool:
+        return key in self._data
+
     def addresses(self, key: str) -> tuple[str, ...]:
         """IP address texts, normalised (`fe80:0::1` -> `fe80::1`) so equal means equal."""
         out: list[str] = []

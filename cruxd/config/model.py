@@ -45,6 +45,7 @@ class AgentConfig:
     max_connections_per_uid: int = 64
     request_timeout_s: float = 5.0  # for a whole request frame, and for sending its reply
     max_jobs: int = 256  # jobs registered here; matches leader.max_jobs_per_host's default
+    leader_fallback: tuple[str, ...] = ()  # other leaders to try, in turn, when it fails
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,16 @@ class LeaderConfig:
     hints_dir: Path | None  # None: no periodic placement-hint export
     hints_interval_s: float
     reflection: bool  # serve grpc.reflection.v1alpha for grpcurl and friends
+    # High availability (docs/control-plane.md): "" for one leader with its state file,
+    # "etcd" for candidates elected through etcd, which also holds the state.
+    ha: str = ""
+    etcd_endpoints: tuple[str, ...] = ()  # host:port of the etcd members (client URLs)
+    etcd_prefix: str = "/crux"  # keys: <prefix>/leader, /generation, /state
+    etcd_lease_s: float = 5.0  # a dead leader is replaced about this long after it died
+    etcd_ca: Path | None = None  # TLS to etcd: all three, or none
+    etcd_cert: Path | None = None
+    etcd_key: Path | None = None
+    advertise: str = ""  # the address agents dial; "" -> leader.listen
 
 
 @dataclass(frozen=True, slots=True)

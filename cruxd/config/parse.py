@@ -28,6 +28,7 @@ from cruxd.config.fields import (
     quote_key,
     shared_tmp_runtime_dir,
 )
+from cruxd.config.ha_section import parse_ha
 from cruxd.config.hostport import format_hostport, parse_hostport
 from cruxd.config.measure_section import parse_measurement
 from cruxd.config.model import (
@@ -238,6 +239,7 @@ def _agent(a: Section, runtime_dir: Path, state_dir: Path) -> AgentConfig:
         gpus=None if gpus == -1 else gpus,
         reconnect_max_s=a.number("reconnect_max_s", 30.0, Range(0.1, 3600, lo_open=True)),
         leader_token=a.path("leader_token") or state_dir / "leader.token",
+        leader_fallback=a.hostports("leader_fallback"),
     )
 
 
@@ -292,6 +294,7 @@ def _leader(s: Section, state_dir: Path) -> LeaderConfig:
         hints_dir=s.path("hints_dir"),
         hints_interval_s=s.number("hints_interval_s", 60.0, Range(1, 86400)),
         reflection=s.boolean("reflection", False),
+        **parse_ha(s, s.hostport("listen", "127.0.0.1:7470", min_port=0)),
     )
 
 

@@ -61,6 +61,11 @@ class PublishedPlan:
     # the fabric the plan was made on (its flows' hops name its nodes); not persisted
     fabric: Topology | None = field(default=None, repr=False, compare=False)
     reprobe: dict[str, tuple[str, ...]] = field(default_factory=dict)  # host -> peers
+    term: int = 0  # the leader's term (0: a single leader; HA: its election's revision)
+    # Delta fan-out (cruxd.control.plan_delta): from generation `since` on, each host's
+    # decisions last changed at changed_at[host], else at `since`.
+    since: int = 0
+    changed_at: dict[str, int] = field(default_factory=dict)
     _per_host: dict[str, HostPlan] = field(default_factory=dict, repr=False, compare=False)
     _by_host: dict[str, list[JobAssignment]] = field(default_factory=dict, repr=False,
                                                      compare=False)
@@ -80,8 +85,14 @@ class PublishedPlan:
                         self._by_host.setdefault(h, []).append(j)
             jobs = tuple(j.for_host(host) for j in self._by_host.get(host, ()))
             hp = self._per_host[host] = HostPlan(self.generation, host, self.planned_unix_ms,
-                                                 self.levels, jobs, self.reprobe.get(host, ()))
+                                                 self.levels, jobs, self.reprobe.get(host, ()),
+                                                 self.term)
         return hp
+
+    def unchanged_since(self, host: str, have: int) -> bool:
+        """Whether `host`'s decisions are the same as at generation `have`."""
+        return (self.since <= have < self.generation
+                and self.changed_at.get(host, self.since) <= have)
 
 
 def star(hosts: Mapping[str, tuple[Nic, ...]], gbps: float) -> Topology:

@@ -167,3 +167,7 @@ class HostPlan:
     levels: int
     jobs: tuple[JobAssignment, ...] = field(default=())
     reprobe: tuple[str, ...] = ()  # peers to probe again: a link on their paths went down
+    term: int = 0  # the leader's term (HA: its election's etcd revision); agents refuse older
+    # a watermark: decisions unchanged since base_generation (jobs, reprobe empty)
+    unchanged: bool = False
+    base_generation: int = 0

@@ -182,6 +182,15 @@ def check_report(r: AgentReport, max_jobs: int = MAX_JOBS_PER_HOST) -> AgentRepo
 
 def check_host_plan(hp: HostPlan, host_id: str) -> HostPlan:
     """A plan an agent may write into its decision table (all of it, or none)."""
+    if hp.unchanged:  # a watermark names no host (one message serves them all) and no job
+        if hp.host_id not in ("", host_id):
+            raise InvalidMessage("host_id", f"plan for {hp.host_id!r}, this host is {host_id!r}")
+        if hp.jobs or hp.reprobe:
+            raise InvalidMessage("unchanged", "a watermark carries no jobs and no reprobe")
+        if not 0 < hp.base_generation < hp.generation:
+            raise InvalidMessage("base_generation", f"{hp.base_generation} is not below "
+                                 f"generation {hp.generation}")
+        return hp
     if hp.host_id != host_id:
         raise InvalidMessage("host_id", f"plan for {hp.host_id!r}, this host is {host_id!r}")
     _number(hp.levels, "levels", 255, 1)

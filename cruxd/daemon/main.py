@@ -33,6 +33,7 @@ from cruxd.errors import UsageError
 
 if TYPE_CHECKING:  # imported when a role starts: an agent-only host never loads the leader
     from cruxd.agent.core import Agent
+    from cruxd.leader.ha import Candidate
     from cruxd.leader.service import Leader
 
 LOG = logging.getLogger("cruxd")
@@ -56,6 +57,7 @@ class Daemon:
         self.server: grpc.aio.Server | None = None
         self.health: HealthServicer | None = None
         self.leader: Leader | None = None
+        self.candidate: Candidate | None = None  # [leader] ha = "etcd"
         self.agent: Agent | None = None
 
     def preflight(self) -> None:
@@ -114,7 +116,8 @@ class Daemon:
         c = self.config
         self.leader = leader = Leader(c, load_topology(c.leader.topology),
                                       self.metrics.on_plan, self.metrics.on_reject)
-        leader.restore()
+        if not c.leader.ha:
+            leader.restore()
         # gRPC sets SO_REUSEPORT by default: a second leader on a taken port would bind it
         # too and take half the agents' connections. A taken port is the operator's to fix.
         self.server = grpc.aio.server(options=[*tls.KEEPALIVE_SERVER, ("grpc.so_reuseport", 0)])
@@ -132,8 +135,14 @@ class Daemon:
                                 "or not an address of this host)") from None
         await self.server.start()
         host, _ = parse_hostport(c.leader.listen)
-        leader.address = format_hostport(host, port)
-        leader.start()
+        leader.address = c.leader.advertise or format_hostport(host, port)
+        if c.leader.ha:
+            from cruxd.leader.ha import Candidate
+
+            self.candidate = Candidate(leader, c.host_id)
+            self.candidate.start()
+        else:
+            leader.start()
         for name in (SERVICE, ""):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         LOG.info("leader listening on %s%s", leader.address, " (mTLS)" if creds else "")
@@ -145,7 +154,9 @@ class Daemon:
             parts.append(f"agent {self.config.host_id} ({len(self.agent.registry.jobs())} jobs)")
         if self.leader is not None:
             plan = self.leader.plan
-            parts.append(f"leader {self.leader.address} (plan {plan.generation if plan else 0})")
+            role = "" if self.leader.role == "single" else f"{self.leader.role} "
+            parts.append(f"{role}leader {self.leader.address} "
+                         f"(plan {plan.generation if plan else 0})")
         return ", ".join(parts)
 
     async def run(self) -> int:
@@ -206,6 +217,8 @@ class Daemon:
         # each step is bounded: a stuck peer must not keep the daemon from exiting
         if self.agent is not None:
             await _bounded(self.agent.stop(), "agent")
+        if self.candidate is not None:  # resigns: a standby takes over without the lease wait
+            await _bounded(self.candidate.stop(), "election")
         if self.leader is not None:
             await _bounded(self.leader.stop(), "leader")
         if self.server is not None:

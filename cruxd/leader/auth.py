@@ -29,6 +29,7 @@ from cruxd.errors import UsageError
 LOG = logging.getLogger(__name__)
 TOKEN_FILE = "leader.token"
 METADATA_KEY = "authorization"
+LEADER_TRAILER = "crux-leader"  # a standby's refusal names the active leader here
 _SCHEME = "Bearer "
 _MAX_TOKEN = 4096  # a token file is 64 hex digits; never read more than this
 

@@ -68,10 +68,11 @@ def _unary(rpc: str, method: Callable[..., Any], on_reject: OnReject) -> Callabl
     return call
 
 
-def _stream(rpc: str, method: Callable[..., AsyncIterator[Message]],
-            on_reject: OnReject) -> Callable[..., AsyncIterator[Message]]:
+def _stream(rpc: str, method: Callable[..., AsyncIterator[Message | bytes]],
+            on_reject: OnReject) -> Callable[..., AsyncIterator[Message | bytes]]:
     # an async generator itself: gRPC tells stream handlers apart by their function type
-    async def call(request: Message | Garbled, context: Context) -> AsyncIterator[Message]:
+    async def call(request: Message | Garbled,
+                   context: Context) -> AsyncIterator[Message | bytes]:
         if isinstance(request, Garbled):
             await _refuse(rpc, request, context, on_reject)
             return
@@ -84,6 +85,12 @@ def _stream(rpc: str, method: Callable[..., AsyncIterator[Message]],
     return call
 
 
+def _serialise(message: Message | bytes) -> bytes:
+    """Messages the servicer serialised already (one plan's bytes go to many streams)
+    pass as they are."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
 def add_leader(servicer: object, server: grpc.aio.Server, on_reject: OnReject) -> None:
     """Serve `servicer`'s methods of crux.v1.Leader on `server`."""
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
@@ -92,7 +99,7 @@ def add_leader(servicer: object, server: grpc.aio.Server, on_reject: OnReject) -
         if streaming:
             handlers[rpc] = grpc.unary_stream_rpc_method_handler(
                 _stream(rpc, method, on_reject), request_deserializer=_parser(request),
-                response_serializer=response.SerializeToString)
+                response_serializer=_serialise)
         else:
             handlers[rpc] = grpc.unary_unary_rpc_method_handler(
                 _unary(rpc, method, on_reject), request_deserializer=_parser(request),

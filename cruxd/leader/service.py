@@ -16,7 +16,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,19 @@ import grpc
 
 from cruxd.config.model import Config
 from cruxd.control.cluster import ClusterState
-from cruxd.control.host_plans import LeaderPlanConfig, PublishedPlan, make_plan, plan_inputs
+from cruxd.control.host_plans import (
+    LeaderPlanConfig,
+    PlanInputs,
+    PublishedPlan,
+    make_plan,
+    plan_inputs,
+)
+from cruxd.control.plan_delta import carry_changes
 from cruxd.control.validate import InvalidMessage, check_host_id, check_report
 from cruxd.hints.formats import FORMATS
 from cruxd.leader import store
-from cruxd.leader.auth import Gate
+from cruxd.leader.auth import LEADER_TRAILER, Gate
+from cruxd.leader.fanout import FanOut
 from cruxd.leader.hint_service import LeaderHints
 from cruxd.leader.status import cluster_status
 from cruxd.model.topology import Topology
@@ -53,7 +61,7 @@ class Leader(lgrpc.LeaderServicer):
         self.config = config
         self.topology = topology
         self.clock = clock
-        self.state = ClusterState(lc.agent_timeout_s, lc.change_threshold, lc.profiling_s)
+        self.state = self._fresh_state()
         self.plan: PublishedPlan | None = None
         self.max_jobs = lc.max_jobs  # a restart-only key: a reload does not change it
         self.max_jobs_per_host = lc.max_jobs_per_host
@@ -72,27 +80,74 @@ class Leader(lgrpc.LeaderServicer):
         self._snapshots = self._saved_seq = 0
         self._high_water = 0  # the highest generation ever published (store.high_water_file)
         self.watchers = 0
+        # HA (cruxd.leader.ha drives these): "single" (no HA), "active" or "standby"
+        self.role = "single"
+        self.term = 0  # HA: the etcd revision of this leader's election (HostPlan.term)
+        self.active_leader = ""  # a standby's view of who is active (its address)
+        self.not_publishing = ""  # why plans are not going out (etcd unreachable, ...)
+        # HA: record the generation before publishing (None: recorded, else why not;
+        # raises when deposed), and save the state (instead of the state file)
+        self.fence: Callable[[int], Awaitable[str | None]] | None = None
+        self.saver: Callable[[dict[str, object]], Awaitable[None]] | None = None
+        self._fanout: FanOut | None = None
         self.hints = LeaderHints(self)
 
     # --- lifecycle ---------------------------------------------------------
     def restore(self) -> None:
         sf = self.config.leader.state_file
-        self.plan = store.load(sf, self.state, self.clock())
-        self._high_water = store.load_high_water(sf)
+        self._resume(store.load(sf, self.state, self.clock()), store.load_high_water(sf), sf)
+
+    def _resume(self, plan: PublishedPlan | None, high_water: int, source: object) -> None:
+        self.plan, self._high_water = plan, high_water
         if self.plan is not None and self._high_water > self.plan.generation:
             # killed after publishing newer plans than the state holds: the restored plan
             # goes out under a fresh number, never one an agent saw with other content
             LOG.info("plans up to generation %d were published after the saved %d; serving "
                      "the saved plan as %d", self._high_water, self.plan.generation,
                      self._high_water + 1)
-            self.plan = replace(self.plan, generation=self._high_water + 1)
-            self._mark_published(self.plan.generation)
+            # agents may hold any number up to the high water, with other decisions
+            self.plan = replace(self.plan, generation=self._high_water + 1,
+                                since=self._high_water + 1, changed_at={})
+            if self.fence is None:
+                self._mark_published(self.plan.generation)
         if self.plan is not None:
             LOG.info("resumed plan generation %d (%d jobs, %d agents) from %s",
-                     self.plan.generation, len(self.plan.jobs), len(self.state.agents),
-                     self.config.leader.state_file)
+                     self.plan.generation, len(self.plan.jobs), len(self.state.agents), source)
+
+    def activate(self, term: int, high_water: int, doc: object, source: str) -> None:
+        """HA: this candidate won the election; resume the plan state it found."""
+        self.state = self._fresh_state()
+        plan = None
+        if doc is not None:
+            try:
+                plan = store.from_document(doc, self.state, self.clock())
+            except ValueError as exc:
+                LOG.error("leader state in %s unusable (%s); starting empty", source, exc)
+        self._resume(plan, high_water, source)
+        self.term, self.role, self.active_leader = term, "active", self.address
+        self.not_publishing = ""
+        self.start()
+
+    async def deactivate(self) -> None:
+        """HA: this leader lost the election: stop planning, end the plan streams (agents
+        go looking for the new leader) and forget the state (the next term reloads it)."""
+        self.role = "standby"
+        await self.hints.stop()
+        for task in (self._task, self._persist):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._published.set()
+        self.plan, self.state, self.not_publishing = None, self._fresh_state(), ""
+        self._causes, self._first_event = [], None
+
+    def _fresh_state(self) -> ClusterState:
+        lc = self.config.leader
+        return ClusterState(lc.agent_timeout_s, lc.change_threshold, lc.profiling_s)
 
     def start(self) -> None:
+        self._wake, self._published, self._unsaved = (asyncio.Event(), asyncio.Event(),
+                                                       asyncio.Event())
         self._task = asyncio.create_task(self._planner(), name="planner")
         self._persist = asyncio.create_task(self._persister(), name="persist")
         self.hints.start()
@@ -106,7 +161,8 @@ class Leader(lgrpc.LeaderServicer):
         if self._persist is not None:
             self._persist.cancel()
             await asyncio.gather(self._persist, return_exceptions=True)
-        self._save()  # flush: the newest view, even if no plan followed it
+        if self.role == "single":
+            self._save()  # flush: the newest view, even if no plan followed it
 
     def reload(self, config: Config) -> None:
         lc = config.leader
@@ -154,8 +210,8 @@ class Leader(lgrpc.LeaderServicer):
         gen = max(self.plan.generation if self.plan else 0, self._high_water) + 1
         now = self.clock()
         try:
-            plan = await asyncio.to_thread(make_plan, plan_inputs(self.state, now), self.topology,
-                                           cfg, gen, now, tuple(causes))
+            plan = await asyncio.to_thread(self._make_plan, plan_inputs(self.state, now), cfg,
+                                           gen, now, tuple(causes))
         except Exception:
             LOG.exception("planning failed; agents keep plan %s",
                           self.plan.generation if self.plan else "none")
@@ -165,7 +221,17 @@ class Leader(lgrpc.LeaderServicer):
         # sends self.plan): a leader killed right after publishing must not restart at the
         # previous generation and reuse this one for a different plan. Only the number: the
         # whole state (MBs at 1,000 agents) is saved after, off the path to the agents.
-        await asyncio.to_thread(self._mark_published, gen)
+        if self.fence is not None:
+            why = await self.fence(gen)  # raises if deposed: nothing goes out
+            if why is not None:
+                self.not_publishing = why
+                LOG.error("plan %d not published: %s; agents keep plan %s", gen, why,
+                          self.plan.generation if self.plan else "none")
+                self._causes = [*causes, *self._causes]  # retried with the next event
+                return
+            self.not_publishing = ""
+        else:
+            await asyncio.to_thread(self._mark_published, gen)
         self.plan = plan
         old, self._published = self._published, asyncio.Event()
         old.set()
@@ -174,6 +240,20 @@ class Leader(lgrpc.LeaderServicer):
                  plan.latency_s * 1000, "; ".join(causes[:3]) + (" ..." if len(causes) > 3
                                                                  else ""))
         self._on_plan(plan)
+
+    def _make_plan(self, inputs: PlanInputs, cfg: LeaderPlanConfig, gen: int, now: float,
+                   causes: tuple[str, ...]) -> PublishedPlan:
+        """In the planning thread: the plan, and which hosts it changes."""
+        plan = make_plan(inputs, self.topology, cfg, gen, now, causes)
+        return carry_changes(self.plan, replace(plan, term=self.term))
+
+    def fanout(self) -> FanOut | None:
+        """The current plan's messages (serialised once each)."""
+        if self.plan is None:
+            return None
+        if self._fanout is None or self._fanout.plan is not self.plan:
+            self._fanout = FanOut(self.plan)
+        return self._fanout
 
     def _mark_published(self, generation: int) -> None:
         try:
@@ -189,6 +269,9 @@ class Leader(lgrpc.LeaderServicer):
             await self._unsaved.wait()
             await asyncio.sleep(PERSIST_DELAY_S)
             self._unsaved.clear()
+            if self.saver is not None:
+                await self.saver(self._snapshot()[1])
+                continue
             # a consistent snapshot is taken on the loop; only the disk write leaves it
             await asyncio.to_thread(self._save, self._snapshot())
 
@@ -220,9 +303,20 @@ class Leader(lgrpc.LeaderServicer):
         LOG.warning("%s rejected from %s: %s", rpc, context.peer(), exc)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
+    async def _refuse_standby(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """A standby serves Status only; the rest it refuses, naming the active leader
+        (also in the `crux-leader` trailer, where agents follow it)."""
+        if self.role != "standby":
+            return
+        active = self.active_leader
+        context.set_trailing_metadata(((LEADER_TRAILER, active),))
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"standby leader; the active leader is {active or 'not elected yet'}")
+
     async def Report(self, request: lpb.AgentReport,
                      context: grpc.aio.ServicerContext[Any, Any]) -> lpb.ReportAck:
         await self.gate.check(context, "Report", request.host.host_id)
+        await self._refuse_standby(context)
         try:
             report = check_report(convert.report_from_pb(request), self.max_jobs_per_host)
         except InvalidMessage as exc:
@@ -240,8 +334,9 @@ class Leader(lgrpc.LeaderServicer):
                              agent_timeout_s=self.config.leader.agent_timeout_s)
 
     async def WatchPlan(self, request: lpb.WatchRequest,
-                        context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[lpb.HostPlan]:
+                        context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
         await self.gate.check(context, "WatchPlan", request.host_id)
+        await self._refuse_standby(context)
         try:
             host = check_host_id(request.host_id)
         except InvalidMessage as exc:
@@ -252,13 +347,13 @@ class Leader(lgrpc.LeaderServicer):
         try:
             while True:
                 published = self._published
-                plan = self.plan
-                if plan is not None and plan.generation != have:
-                    yield convert.host_plan_to_pb(plan.for_host(host))
-                    have = plan.generation
+                wire = self.fanout()
+                if wire is not None and wire.plan.generation != have:
+                    yield wire.message(host, have)
+                    have = wire.plan.generation
                 await published.wait()
                 if self._task is None or self._task.done():
-                    return  # shutting down
+                    return  # shutting down, or stepped down: agents look for the leader
         finally:
             self.watchers -= 1
 
@@ -270,6 +365,7 @@ class Leader(lgrpc.LeaderServicer):
     async def GetPlan(self, request: lpb.PlanRequest,
                       context: grpc.aio.ServicerContext[Any, Any]) -> cpb.PlanDocument:
         await self.gate.check(context, "GetPlan")
+        await self._refuse_standby(context)
         if self.plan is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no plan yet (no agent reported)")
             raise AssertionError("unreachable")
@@ -285,6 +381,7 @@ class Leader(lgrpc.LeaderServicer):
     async def GetHints(self, request: cpb.HintsRequest,
                        context: grpc.aio.ServicerContext[Any, Any]) -> cpb.HintsDocument:
         await self.gate.check(context, "GetHints")
+        await self._refuse_standby(context)
         if request.format not in FORMATS:
             await self._reject(context, "GetHints", InvalidMessage(
                 "format", f"unknown format {request.format!r}; formats: {', '.join(FORMATS)}"))

@@ -18,7 +18,10 @@ def cluster_status(leader: Leader, hostname: str) -> cpb.ClusterStatus:
     st = leader.state
     out = cpb.ClusterStatus(schema=convert.SCHEMA, leader_host=hostname,
                             leader_version=__version__, leader_address=leader.address,
-                            levels=leader.config.leader.levels)
+                            levels=leader.config.leader.levels,
+                            ha_role="" if leader.role == "single" else leader.role,
+                            term=leader.term, active_leader=leader.active_leader,
+                            not_publishing=leader.not_publishing)
     for host, rec in sorted(st.agents.items()):
         inv = rec.inventory
         out.agents.append(cpb.AgentStatus(

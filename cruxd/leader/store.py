@@ -70,8 +70,7 @@ def snapshot(state: ClusterState, plan: PublishedPlan | None) -> dict[str, Any]:
 
 
 def load(path: Path, state: ClusterState, now: float) -> PublishedPlan | None:
-    """Fill `state` from the file; agents count as just heard from (they get a full
-    agent timeout to report again before their jobs expire)."""
+    """Fill `state` from the file (from_document); a damaged file is set aside."""
     try:
         text = _read_bounded(path)
     except FileNotFoundError:
@@ -81,6 +80,17 @@ def load(path: Path, state: ClusterState, now: float) -> PublishedPlan | None:
         return None
     try:
         doc = json.loads(text)
+        return from_document(doc, state, now)
+    except (ValueError, RecursionError) as exc:
+        _set_aside(path, str(exc) or type(exc).__name__)
+        return None
+
+
+def from_document(doc: Any, state: ClusterState, now: float) -> PublishedPlan | None:
+    """Fill `state` from a parsed snapshot; ValueError (naming the field) for a document
+    that is not one, with `state` untouched. Agents count as just heard from (they get a
+    full agent timeout to report again before their jobs expire)."""
+    try:
         _check_tree(doc)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} file")
@@ -98,8 +108,7 @@ def load(path: Path, state: ClusterState, now: float) -> PublishedPlan | None:
             for host in {h for a in plan.jobs for h in a.hosts} or {"-"}:
                 convert.host_plan_to_pb(plan.for_host(host))
     except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
-        _set_aside(path, str(exc) or type(exc).__name__)
-        return None
+        raise ValueError(str(exc) or type(exc).__name__) from None
     for rec in agents.values():
         rec.last_report = now
     state.agents, state.jobs = agents, jobs

@@ -148,10 +148,13 @@ def assignment_from_pb(p: cpb.JobDecision) -> JobAssignment:
 def host_plan_to_pb(hp: HostPlan) -> lpb.HostPlan:
     return lpb.HostPlan(schema=SCHEMA, generation=hp.generation, host_id=hp.host_id,
                         planned_unix_ms=hp.planned_unix_ms, levels=hp.levels,
-                        jobs=[assignment_to_pb(a) for a in hp.jobs], reprobe=hp.reprobe)
+                        jobs=[assignment_to_pb(a) for a in hp.jobs], reprobe=hp.reprobe,
+                        term=hp.term, unchanged=hp.unchanged,
+                        base_generation=hp.base_generation)
 
 
 def host_plan_from_pb(p: lpb.HostPlan) -> HostPlan:
     check_schema(p.schema)
     return HostPlan(p.generation, p.host_id, p.planned_unix_ms, p.levels,
-                    tuple(assignment_from_pb(j) for j in p.jobs), tuple(p.reprobe))
+                    tuple(assignment_from_pb(j) for j in p.jobs), tuple(p.reprobe),
+                    p.term, p.unchanged, p.base_generation)

@@ -1,0 +1,44 @@
+"""Delta fan-out: which hosts a new plan changes.
+
+An arrival on four hosts of a 10,000-host cluster changes the decisions of the hosts that
+share links with it, not of every host. The leader sends a full HostPlan only to hosts
+whose decisions changed since the generation they hold, and every other host a small
+watermark (HostPlan.unchanged) that advances its generation. For that, each plan carries,
+per host, the generation at which its decisions last changed; what is not listed last
+changed at the plan's `since`, the generation from which the record is complete.
+
+A host's decisions are its jobs' assignments (JobAssignment.for_host of each job with a
+process there), the plan's levels and its reprobe list. A changed assignment marks every
+host of the job, which is conservative: another host's routes may be the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cruxd.control.host_plans import PublishedPlan
+from cruxd.control.records import JobAssignment
+
+
+def carry_changes(old: PublishedPlan | None, new: PublishedPlan) -> PublishedPlan:
+    """`new` with its record of changes continued from `old`, the plan published before it
+    (None: no record to continue; every host counts as changed)."""
+    gen = new.generation
+    if old is None or old.levels != new.levels or not old.since or old.generation >= gen:
+        return replace(new, since=gen, changed_at={})
+    changed = dict(old.changed_at)
+    before = {a.job_id: a for a in old.jobs}
+    after = {a.job_id: a for a in new.jobs}
+    for job_id in before.keys() | after.keys():
+        a, b = before.get(job_id), after.get(job_id)
+        if a != b:
+            for host in _hosts(a) | _hosts(b):
+                changed[host] = gen
+    for host in old.reprobe.keys() | new.reprobe.keys():
+        if old.reprobe.get(host, ()) != new.reprobe.get(host, ()):
+            changed[host] = gen
+    return replace(new, since=old.since, changed_at=changed)
+
+
+def _hosts(a: JobAssignment | None) -> set[str]:
+    return set(a.hosts) if a is not None else set()

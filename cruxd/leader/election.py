@@ -1,0 +1,169 @@
+"""The leader election and the plan state in etcd (docs/control-plane.md, HA).
+
+A campaign is etcd's usual recipe: a lease, and a transaction that creates
+`<prefix>/leader` bound to it only if the key does not exist. The key's create revision
+is the winner's term; it names the winner's address for agents and standbys. The key
+goes when the lease does: a killed leader is replaced one lease TTL later.
+
+Every write of the active leader is a transaction that first compares the key's create
+revision with its term. A leader that lost its lease (paused past it, cut off) cannot
+record a generation or save state any more, and it publishes a plan only after recording
+its generation: that is the fence. Agents also refuse plans of an older term
+(HostPlan.term), for streams still open to a deposed leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from cruxd.config.model import LeaderConfig
+from cruxd.leader.etcd import ClientError, EtcdClient
+
+LOG = logging.getLogger(__name__)
+MAX_STATE = 64 << 20  # decompressed; bounds what a bad value in etcd can make us hold
+
+
+class Lost(Exception):
+    """This candidate no longer holds the key (another won, or the lease expired)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    address: str
+    host: str
+    term: int
+
+
+class Election:
+    def __init__(self, config: LeaderConfig, address: str, host: str,
+                 client: EtcdClient | None = None) -> None:
+        self.client = client or EtcdClient(config)
+        p = config.etcd_prefix
+        self.key, self.gen_key, self.state_key = (f"{p}/{k}".encode()
+                                                  for k in ("leader", "generation", "state"))
+        self.ttl = math.ceil(config.etcd_lease_s)
+        self.me = json.dumps({"address": address, "host": host}).encode()
+        self.lease: Any = None
+        self.term = 0
+        self.holder: Holder | None = None  # who holds the key, as last seen
+        self.error = ""  # the last etcd error, "" once a call succeeds
+
+    async def _ok(self) -> None:
+        self.error = ""
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        msg = f"etcd {what}: {exc}"
+        if msg != self.error:
+            LOG.warning("%s", msg)
+        self.error = msg
+
+    async def win(self, poll_s: float) -> int:
+        """Campaign until this candidate holds the key; its term."""
+        t = self.client.transactions
+        while True:
+            try:
+                if self.lease is None:
+                    self.lease = await self.client.lease(self.ttl)
+                ok, _ = await self.client.transaction(
+                    compare=[t.version(self.key) == 0],
+                    success=[t.put(self.key, self.me, lease=self.lease)], failure=[])
+                kv = await self.client.get(self.key)
+                await self._ok()
+                if kv is not None:
+                    self.holder = _holder(kv)
+                    if kv.lease == self.lease.id:  # ours (won now, or still ours)
+                        self.term = kv.create_revision
+                        return self.term
+                if not ok:
+                    reply = await self.client.refresh_lease(self.lease.id)
+                    if reply.TTL <= 0:
+                        self.lease = None
+            except (ClientError, ValueError) as exc:
+                self._failed("campaign", exc)
+            await asyncio.sleep(poll_s)
+
+    async def hold(self) -> str:
+        """Keep the lease alive while this leader holds the key; why it stopped holding it.
+        Unreachable etcd is not a loss: publishing stops (commit fails) until it is back,
+        or until the lease is found expired."""
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                reply = await self.client.refresh_lease(self.lease.id)
+            except ClientError as exc:
+                self._failed("lease keep-alive", exc)
+                continue
+            if reply.TTL <= 0:
+                self.lease = None
+                return "the lease expired"
+            await self._ok()
+
+    async def commit(self, **values: bytes) -> str | None:
+        """Write `generation` and/or `state` while holding the key: None, or why not. A
+        failed comparison raises Lost."""
+        t = self.client.transactions
+        keys = {"generation": self.gen_key, "state": self.state_key}
+        try:
+            ok, _ = await self.client.transaction(
+                compare=[t.create(self.key) == self.term],
+                success=[t.put(keys[k], v) for k, v in values.items()], failure=[])
+        except ClientError as exc:
+            self._failed("write", exc)
+            return self.error
+        if not ok:
+            raise Lost("another leader holds the election key")
+        await self._ok()
+        return None
+
+    async def load(self) -> tuple[int, dict[str, Any] | None]:
+        """The highest generation recorded and the saved state (None: none or unreadable)."""
+        gen_kv = await self.client.get(self.gen_key)
+        state_kv = await self.client.get(self.state_key)
+        generation = 0
+        if gen_kv is not None:
+            try:
+                generation = int(gen_kv.value)
+            except ValueError:
+                LOG.error("%s is not a generation (%r...); starting from 0",
+                          self.gen_key.decode(), gen_kv.value[:32])
+        doc = None
+        if state_kv is not None:
+            try:
+                raw = zlib.decompressobj().decompress(state_kv.value, MAX_STATE)
+                doc = json.loads(raw)
+            except (zlib.error, ValueError) as exc:
+                LOG.error("leader state in %s unreadable (%s); starting empty",
+                          self.state_key.decode(), exc)
+        return generation, doc
+
+    async def resign(self) -> None:
+        if self.lease is not None:
+            try:
+                await self.client.revoke_lease(self.lease.id)
+            except ClientError as exc:
+                LOG.warning("etcd: cannot revoke the lease: %s", exc)
+            self.lease = None
+
+    async def leader(self) -> Holder | None:
+        kv = await self.client.get(self.key)
+        self.holder = _holder(kv) if kv is not None else None
+        return self.holder
+
+
+def encode_state(doc: dict[str, Any]) -> bytes:
+    return zlib.compress(json.dumps(doc, allow_nan=False, separators=(",", ":")).encode(), 3)
+
+
+def _holder(kv: Any) -> Holder | None:
+    try:
+        d = json.loads(kv.value)
+        return Holder(str(d["address"]), str(d["host"]), int(kv.create_revision))
+    except (ValueError, KeyError, TypeError):
+        LOG.warning("the election key holds %r..., not a leader record", kv.value[:64])
+        return None

@@ -1,0 +1,80 @@
+"""The etcd client the HA leader and the agents use: aetcd (asyncio, maintained, on the
+same grpcio and protobuf as crux), on one channel to every member.
+
+aetcd dials one host:port in plaintext. Its `connect` is the one place a channel is made,
+so this subclass makes ours there instead: round robin over all members' addresses (a
+dead member is skipped without a reconnect by hand) and mutual TLS where configured.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+
+import aetcd
+import grpc
+from aetcd import rpc, watcher
+
+from cruxd.config.hostport import parse_hostport
+from cruxd.config.model import LeaderConfig
+from cruxd.errors import UsageError
+
+RPC_TIMEOUT_S = 2.0
+ClientError = aetcd.ClientError
+__all__ = ["ClientError", "EtcdClient", "target"]
+
+
+def target(endpoints: tuple[str, ...]) -> str:
+    """A gRPC target naming every member: `ipv4:a:p,b:q` (names resolved once, here)."""
+    v4: list[str] = []
+    v6: list[str] = []
+    for ep in endpoints:
+        host, port = parse_hostport(ep)
+        try:
+            addrs = [ipaddress.ip_address(host)]
+        except ValueError:
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                raise UsageError(f"cannot resolve {host}: {exc}",
+                                 where="leader.etcd_endpoints") from None
+            addrs = [ipaddress.ip_address(i[4][0]) for i in infos]
+        for a in dict.fromkeys(addrs):
+            (v4.append(f"{a}:{port}") if a.version == 4 else v6.append(f"[{a}]:{port}"))
+    return f"ipv4:{','.join(v4)}" if v4 else f"ipv6:{','.join(v6)}"
+
+
+def _read(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}", where="leader.etcd_ca") from None
+
+
+class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types
+    def __init__(self, config: LeaderConfig, timeout: float = RPC_TIMEOUT_S) -> None:
+        super().__init__(timeout=timeout)
+        self._target = target(config.etcd_endpoints)
+        self._tls = (config.etcd_ca, config.etcd_cert, config.etcd_key)
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        options = [("grpc.lb_policy_name", "round_robin"),
+                   ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+        ca, cert, key = (_read(p) for p in self._tls)
+        if ca is not None:
+            creds = grpc.ssl_channel_credentials(ca, key, cert)
+            self.channel = grpc.aio.secure_channel(self._target, creds, options=options)
+        else:
+            self.channel = grpc.aio.insecure_channel(self._target, options=options)
+        self.kvstub = rpc.KVStub(self.channel)
+        self.clusterstub = rpc.ClusterStub(self.channel)
+        self.leasestub = rpc.LeaseStub(self.channel)
+        self.maintenancestub = rpc.MaintenanceStub(self.channel)
+        self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout,
+                                        metadata=self.metadata)
+        self._connected.set()

@@ -1,0 +1,103 @@
+"""A leader candidate's life under `[leader] ha = "etcd"`: standby until it wins the
+election, active until it loses it, then standby again (docs/control-plane.md).
+
+While standby it serves Status read-only and refuses Report and WatchPlan, naming the
+active leader. Once elected it loads the plan state from etcd (the same generation the
+last leader published), plans, and records every generation in etcd before publishing
+it, under its term; the state itself is saved there after. If etcd cannot be written
+(quorum lost), plans are not published and Status says why; agents keep their last plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from cruxd.leader.election import Election, Lost, encode_state
+
+if TYPE_CHECKING:
+    from cruxd.leader.service import Leader
+
+LOG = logging.getLogger(__name__)
+POLL_S = 0.5  # standbys try the campaign this often; failover = lease TTL + this at most
+
+
+class Candidate:
+    def __init__(self, leader: Leader, host: str) -> None:
+        self.leader = leader
+        self.election = Election(leader.config.leader, leader.address, host)
+        self._deposed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        leader.role = "standby"
+        leader.fence = self._fence
+        leader.saver = self._save
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="election")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.leader.role == "active":
+            await self.leader.deactivate()
+        await self.election.resign()  # the next candidate need not wait out the lease
+        await self.election.client.close()
+
+    async def _run(self) -> None:
+        leader, el = self.leader, self.election
+        while True:
+            watcher = asyncio.create_task(self._watch_holder())
+            try:
+                term = await el.win(POLL_S)
+            finally:
+                watcher.cancel()
+            try:
+                high_water, doc = await el.load()
+            except Exception as exc:  # cannot read what to resume: try the campaign again
+                LOG.error("elected (term %d) but cannot read the state from etcd: %s", term,
+                          exc)
+                await el.resign()
+                await asyncio.sleep(POLL_S)
+                continue
+            self._deposed.clear()
+            leader.activate(term, high_water, doc, f"etcd {el.state_key.decode()}")
+            LOG.info("elected leader, term %d, resuming generation %d", term,
+                     leader.plan.generation if leader.plan else high_water)
+            hold = asyncio.create_task(el.hold())
+            deposed = asyncio.create_task(self._deposed.wait())
+            await asyncio.wait([hold, deposed], return_when=asyncio.FIRST_COMPLETED)
+            why = hold.result() if hold.done() else "another leader was elected"
+            for t in (hold, deposed):
+                t.cancel()
+            LOG.warning("stepping down (term %d): %s", term, why)
+            await leader.deactivate()
+            if not hold.done() or el.lease is not None:
+                await el.resign()
+
+    async def _watch_holder(self) -> None:
+        """While standby: who is active, for Status and for the refusals' redirect."""
+        while True:
+            with contextlib.suppress(Exception):
+                holder = await self.election.leader()
+                self.leader.active_leader = holder.address if holder else ""
+            await asyncio.sleep(POLL_S * 2)
+
+    async def _fence(self, generation: int) -> str | None:
+        try:
+            return await self.election.commit(generation=str(generation).encode())
+        except Lost as exc:
+            self._deposed.set()
+            return str(exc)
+
+    async def _save(self, doc: dict[str, object]) -> None:
+        data = await asyncio.to_thread(encode_state, doc)
+        try:
+            why = await self.election.commit(state=data)
+        except Lost:
+            self._deposed.set()
+            return
+        if why is not None:
+            LOG.error("leader state not saved to etcd (%d bytes compressed): %s", len(data), why)
