@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from cruxd.agent.measuring import LiveMeasurement
 from cruxd.agent.sources import (
     MeasurementSource,
     NoProbing,
@@ -18,10 +18,11 @@ from cruxd.agent.sources import (
     StaticMeasurement,
     StaticPaths,
 )
-from cruxd.agent.sweeper import SweepProbing
 from cruxd.config.model import Config
 from cruxd.control.records import Nic
-from transport.qp_records import ProcessRecords
+
+if TYPE_CHECKING:
+    from transport.qp_records import ProcessRecords
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,9 @@ def measurement_for(inputs: SourceInputs) -> MeasurementSource:
     if a.measurement == "replay" and a.measurement_file is not None:
         return ReplayMeasurement(a.measurement_file)
     if a.measurement == "live":
+        # here, not at the top: numpy (~15 MB) loads only on hosts that measure live
+        from cruxd.agent.measuring import LiveMeasurement
+
         return LiveMeasurement(inputs.config.measurement, inputs.nics, inputs.owners,
                                inputs.qp_records, inputs.job_count)
     return StaticMeasurement(a.accept_job_hints)
@@ -55,5 +59,8 @@ def probing_for(inputs: SourceInputs) -> ProbingSource:
     if c.agent.probing == "static" and c.agent.path_table is not None:
         return StaticPaths(c.agent.path_table, c.host_id)
     if c.agent.probing == "sweep":
+        # here, not at the top: scapy (INT-MD, ~40 MB with cryptography) loads only to sweep
+        from cruxd.agent.sweeper import SweepProbing
+
         return SweepProbing(c.probing, c.host_id, inputs.report_now)
     return NoProbing()
