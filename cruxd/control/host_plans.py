@@ -30,6 +30,7 @@ from cruxd.model.plan import Plan
 from cruxd.model.topology import Topology, TopologyBuilder
 from cruxd.model.view import ClusterView, DiscoveredPath
 from cruxd.scheduler.dscp import can_profile, profiling_slot, scheduled_dscp, unmeasured_slot
+from cruxd.scheduler.incremental import IncrementalPlanner
 from cruxd.scheduler.planner import PlanConfig, plan
 
 LOG = logging.getLogger(__name__)
@@ -152,7 +153,10 @@ def fabric_for(inputs: PlanInputs, topology: Topology | None, config: LeaderPlan
 
 
 def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanConfig,
-              generation: int, now: float, causes: tuple[str, ...] = ()) -> PublishedPlan:
+              generation: int, now: float, causes: tuple[str, ...] = (), *,
+              planner: IncrementalPlanner | None = None) -> PublishedPlan:
+    """`planner`: the leader's IncrementalPlanner (the same plan, re-computing only what
+    changed since its last call; one plan at a time); None plans from scratch."""
     topo, paths, discovered = fabric_for(inputs, topology, config)
     levels = config.planner.levels
     dscp = config.planner.dscp_values()
@@ -174,7 +178,9 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     result: Plan | None = None
     if plannable:
         view = ClusterView(topo, tuple(plannable), paths)
-        result = plan(view, replace(config.planner, levels=len(scheduled), dscp=scheduled))
+        scheduler_config = replace(config.planner, levels=len(scheduled), dscp=scheduled)
+        result = (planner.plan(view, scheduler_config) if planner is not None
+                  else plan(view, scheduler_config))
     nics = inputs.nics
     decided = {d.job: d for d in result.jobs} if result else {}
     routes: dict[str, list[PeerRoute]] = {}

@@ -17,11 +17,21 @@ single numpy pass, so one level costs O(n log n) lookups into the O(n^2) prefix
 sum matrix, which dominates: O(n^2) per order instead of O(n^2 K).
 
 Components of the DAG are independent (they can reuse every level), so each is
-solved on its own, which keeps the dense matrices small.
+solved on its own, which keeps the dense matrices small. A component's levels are a
+pure function of the component alone (`component_levels`): nothing is shared between
+components, so an incremental planner may keep the levels of every component whose
+inputs did not change (`ComponentMemo`). Precisely, the three things that could
+couple them are cut: (1) the level budget does not, as every component may use all
+K levels; (2) the random orders come from a generator seeded afresh with `seed` for
+each component, not from one stream consumed component after component; (3) weights
+are scaled per component by a power of two (exact in floating point) so that the
+largest is in [0.5, 1), which makes the result independent of a global normaliser
+such as the planner's largest intensity, and the "better sample" test is relative.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -48,10 +58,12 @@ def compress(edges: Edges, levels: int, *, samples: int = 10, seed: int = 0) -> 
 
 
 def compress_indexed(n: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: int,
-                     order: np.ndarray, *, samples: int = 10, seed: int = 0) -> np.ndarray:
+                     order: np.ndarray, *, samples: int = 10, seed: int = 0,
+                     memo: ComponentMemo | None = None) -> np.ndarray:
     """The planner's entry point: nodes 0..n-1, edge arrays, one known topological order.
 
-    Returns an int array of levels. Nodes without edges get the top level.
+    Returns an int array of levels. Nodes without edges get the top level. `memo`:
+    levels of components solved before, reused when a component's inputs are equal.
     """
     if levels < 1:
         raise ValueError("levels must be >= 1")
@@ -60,7 +72,6 @@ def compress_indexed(n: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, leve
         return out
     graph = coo_matrix((np.ones(len(hi)), (hi, lo)), shape=(n, n))
     ncomp, comp = connected_components(graph, directed=True, connection="weak")
-    rng = np.random.default_rng(seed)
     # nodes grouped by component, each group still in the known order; edges likewise
     nodes = order[np.argsort(comp[order], kind="stable")]
     node_cut = np.searchsorted(comp[nodes], np.arange(ncomp + 1))
@@ -73,66 +84,165 @@ def compress_indexed(n: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, leve
             continue
         sel = edges[edge_cut[c]:edge_cut[c + 1]]
         local[members] = np.arange(len(members))
-        out[members] = _component(len(members), local[hi[sel]], local[lo[sel]], w[sel],
-                                  levels, samples, rng)
+        out[members] = component_levels(len(members), local[hi[sel]], local[lo[sel]], w[sel],
+                                        levels, samples=samples, seed=seed, memo=memo)
     return out
 
 
-def _component(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: int,
-               samples: int, rng: np.random.Generator) -> np.ndarray:
-    """Best K-cut over `samples` orders of one component whose identity order is valid."""
+class ComponentMemo:
+    """Levels of the components solved in the last plan (and this one), keyed by their
+    exact inputs; `roll` after each plan forgets what the last plan did not use."""
+
+    def __init__(self) -> None:
+        self._last: dict[bytes, np.ndarray] = {}
+        self._now: dict[bytes, np.ndarray] = {}
+        self.hits = self.misses = 0
+
+    def get(self, key: bytes) -> np.ndarray | None:
+        hit = self._now.get(key)
+        if hit is None:
+            hit = self._last.get(key)
+            if hit is not None:
+                self._now[key] = hit
+        return hit
+
+    def put(self, key: bytes, levels: np.ndarray) -> None:
+        self._now[key] = levels
+
+    def roll(self) -> None:
+        self._last, self._now = self._now, {}
+
+
+def component_levels(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: int, *,
+                     samples: int = 10, seed: int = 0,
+                     memo: ComponentMemo | None = None) -> np.ndarray:
+    """Levels of one weakly connected component, nodes 0..m-1 in a topological order:
+    a function of these arguments only (see the module docstring)."""
     # duplicate edges count once, at their largest weight
     key = hi * m + lo
     srt = np.lexsort((-w, key))
     first = np.r_[True, key[srt][1:] != key[srt][:-1]]
     hi, lo, w = hi[srt][first], lo[srt][first], w[srt][first]
+    top = float(w.max())
+    if top > 0:  # a power of two: exact, so only the weights' ratios matter
+        w = np.ldexp(w, -math.frexp(top)[1])
+    tag = None
+    if memo is not None:
+        tag = b"".join([np.array([m, levels, samples, seed], dtype=np.int64).tobytes(),
+                        hi.astype(np.int64).tobytes(), lo.astype(np.int64).tobytes(),
+                        w.astype(np.float64).tobytes()])
+        hit = memo.get(tag)
+        if hit is not None:
+            memo.hits += 1
+            return hit
+        memo.misses += 1
+    out = _component(m, hi, lo, w, levels, samples, np.random.default_rng(seed))
+    out.setflags(write=False)
+    if memo is not None and tag is not None:
+        memo.put(tag, out)
+    return out
+
+
+def _component(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: int,
+               samples: int, rng: np.random.Generator) -> np.ndarray:
+    """Best K-cut over `samples` orders of one component whose identity order is valid
+    (edges deduplicated)."""
     # Large components run the DP on a float32 prefix matrix (half the memory traffic
     # of the O(m^2) prefix sums that dominate); every order's cut is then scored
     # exactly in float64 from the edges, so rounding can only cost optimality, never
     # validity.
-    prefix = np.empty((m, m), dtype=np.float32 if m > _FLOAT32_ABOVE else np.float64)
-    best_val, best_levels = -1.0, np.zeros(m, dtype=np.int64)
+    big = m > _FLOAT32_ABOVE
+    prefix = np.empty((m, m), dtype=np.float32 if big else np.float64)
+    spare = np.empty_like(prefix) if big else None
+    layers = _layers(m, hi, lo) if samples > 1 else None
+    best_val, best_levels = -np.inf, np.zeros(m, dtype=np.int64)
     for s in range(max(1, samples)):
-        perm = np.arange(m) if s == 0 else _random_order(m, hi, lo, rng)
+        perm = np.arange(m) if s == 0 or layers is None else _random_order(m, layers, rng)
         pos = np.empty(m, dtype=np.int64)
         pos[perm] = np.arange(m)
-        prefix.fill(0.0)
-        prefix[pos[hi], pos[lo]] = w
+        if spare is None:
+            prefix.fill(0.0)
+            prefix[pos[hi], pos[lo]] = w
+            _prefix_sums(prefix)
+        else:
+            _prefix_sums_transposed(spare, prefix, pos[hi], pos[lo], w)
         blocks = _cut_of_order(prefix, levels)[1]
         lv = np.empty(m, dtype=np.int64)
         lv[perm] = levels - 1 - blocks
         val = float(w[lv[hi] != lv[lo]].sum())
-        if val > best_val + 1e-12 * max(1.0, best_val):
+        if val > best_val * (1 + 1e-12) or s == 0:
             best_val, best_levels = val, lv
     return best_levels
 
 
-def _random_order(m: int, hi: np.ndarray, lo: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A random linear extension: key(v) = max(key(predecessors)) + Exp(1).
-
-    Any topological order has positive probability; nodes are visited in the
-    component's known order, which is itself topological.
-    """
+def _layers(m: int, hi: np.ndarray, lo: np.ndarray) -> list[tuple[np.ndarray, np.ndarray,
+                                                                    np.ndarray]]:
+    """The nodes by longest-path depth (the identity order is topological), each
+    depth with its nodes' predecessors concatenated and where each node's start."""
     indptr = np.searchsorted(np.sort(lo), np.arange(m + 1))
     preds = hi[np.argsort(lo, kind="stable")]
-    key = np.empty(m)
-    inc = rng.exponential(size=m)
+    depth = np.zeros(m, dtype=np.int64)
     for v in range(m):
         p = preds[indptr[v]:indptr[v + 1]]
-        key[v] = (key[p].max() if len(p) else 0.0) + inc[v]
+        if len(p):
+            depth[v] = depth[p].max() + 1
+    out = []
+    by_depth = np.argsort(depth, kind="stable")
+    cut = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2))
+    for d in range(int(depth.max()) + 1):
+        nodes = by_depth[cut[d]:cut[d + 1]]
+        counts = indptr[nodes + 1] - indptr[nodes]
+        idx = np.concatenate([np.arange(indptr[v], indptr[v + 1]) for v in nodes.tolist()])
+        out.append((nodes, preds[idx] if d else idx, np.cumsum(counts) - counts))
+    return out
+
+
+def _random_order(m: int, layers: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                  rng: np.random.Generator) -> np.ndarray:
+    """A random linear extension: key(v) = max(key(predecessors)) + Exp(1).
+
+    Any topological order has positive probability. Computed depth by depth: every
+    predecessor of a node is at a smaller depth, so its key is final.
+    """
+    key = np.empty(m)
+    inc = rng.exponential(size=m)
+    for d, (nodes, preds, starts) in enumerate(layers):
+        key[nodes] = (np.maximum.reduceat(key[preds], starts) + inc[nodes] if d
+                      else inc[nodes])
     return np.argsort(key, kind="stable")
 
 
+def _prefix_sums(prefix: np.ndarray) -> None:
+    """In place: Q[j, i] = weight of edges from the first j+1 nodes to the first i+1."""
+    for i in range(1, prefix.shape[0]):  # adding whole rows is several times faster
+        prefix[i] += prefix[i - 1]       # than cumsum(axis=0)
+    np.cumsum(prefix, axis=1, out=prefix)
+
+
+def _prefix_sums_transposed(spare: np.ndarray, out: np.ndarray, hi: np.ndarray,
+                            lo: np.ndarray, w: np.ndarray, block: int = 128) -> None:
+    """Q where the DP reads it (j <= i), for large matrices: cumsum along rows is ~5x
+    slower than adding whole rows, so both sums add rows, with a blocked transpose in
+    between, and each only over the triangle that can be non-zero or is read (edges
+    go forward in the order). The sums run in another order than `_prefix_sums`', so
+    float32 roundings differ; below the diagonal `out` is left undefined."""
+    n = out.shape[0]
+    spare.fill(0.0)
+    spare[lo, hi] = w  # transposed: row y holds the edges into y, at column x < y
+    for i in range(2, n):
+        spare[i, :i] += spare[i - 1, :i]  # row b: weight from each x into the first b+1
+    for i0 in range(0, n, block):
+        out[:i0 + block, i0:i0 + block] = spare[i0:i0 + block, :i0 + block].T
+    for i in range(1, n):
+        out[i, i:] += out[i - 1, i:]
+
+
 def _cut_of_order(prefix: np.ndarray, levels: int) -> tuple[float, np.ndarray]:
-    """Max K-cut of one order. `prefix` holds the edge weights in that order (upper
-    triangular) and is turned in place into Q[j, i] = weight of edges from the first
-    j+1 nodes to the first i+1 nodes. Returns (value, block of each position, 0 =
-    first block = highest level)."""
+    """Max K-cut of one order. `prefix` holds Q[j, i] = weight of edges from the first
+    j+1 nodes to the first i+1 nodes of that order (`_prefix_sums`). Returns (value,
+    block of each position, 0 = first block = highest level)."""
     n = prefix.shape[0]
     k_max = min(levels, n)
-    for i in range(1, n):  # adding whole rows is several times faster than cumsum(axis=0)
-        prefix[i] += prefix[i - 1]
-    np.cumsum(prefix, axis=1, out=prefix)
     f = np.full(n + 1, -np.inf)
     f[1:] = 0.0  # one block: nothing cut
     opts = []

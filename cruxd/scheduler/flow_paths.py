@@ -16,6 +16,7 @@ from cruxd.errors import PlanningError
 from cruxd.model.jobs import FlowSpec
 from cruxd.model.paths import PathFinder, finder_for
 from cruxd.model.plan import FlowDecision
+from cruxd.model.topology import Topology
 from cruxd.model.view import ClusterView
 
 
@@ -31,50 +32,67 @@ class FlowPaths:
     choice: int = 0
 
 
+Candidates = tuple[np.ndarray, np.ndarray, list[int | None]]
+
+
 def candidate_flows(view: ClusterView, max_paths: int
                     ) -> tuple[list[FlowPaths], list[list[FlowPaths]]]:
     """The flows in job order, and the same flows per job. Flows within a host are
     left out. Candidates are computed once per (pair, ports) and shared."""
-    topo = view.topology
-    finder = finder_for(topo, max_paths)
-    flows: list[FlowPaths] = []
-    by_job: list[list[FlowPaths]] = [[] for _ in view.jobs]
-    memo: dict[tuple[str, str, int | None, int | None],
-               tuple[np.ndarray, np.ndarray, list[int | None]]] = {}
-    for ji, job in enumerate(view.jobs):
-        for spec in job.flows:
-            if spec.src == spec.dst:
-                continue
-            key = (spec.src, spec.dst, spec.src_port, spec.dst_port)
-            hit = memo.get(key)
-            if hit is None:
-                cands, sports = _candidates(view, finder, spec)
-                if len(cands) == 0:
-                    raise PlanningError(f"job {job.id}: no path from {spec.src} to {spec.dst}")
-                hit = memo[key] = (cands, 1.0 / topo.capacity[cands], sports)
-            flow = FlowPaths(ji, spec, *hit)
-            flows.append(flow)
-            by_job[ji].append(flow)
-    return flows, by_job
+    finder = finder_for(view.topology, max_paths)
+    memo: dict[tuple[str, str, int | None, int | None], Candidates] = {}
+    by_job = [job_flows(view, finder, ji, memo) for ji in range(len(view.jobs))]
+    return [f for fl in by_job for f in fl], by_job
 
 
-def flow_decisions(view: ClusterView, ids: list[str], flows: list[FlowPaths]
-                   ) -> tuple[FlowDecision, ...]:
-    """Each flow on its chosen path; a path's hop names are worked out once per shared
-    candidate set."""
-    link_dst = [lk.dst for lk in view.topology.links]
-    shapes: dict[tuple[int, int], tuple[tuple[int, ...], tuple[str, ...]]] = {}
+def job_flows(view: ClusterView, finder: PathFinder, ji: int,
+              memo: dict[tuple[str, str, int | None, int | None], Candidates]
+              ) -> list[FlowPaths]:
+    """The inter-host flows of view.jobs[ji] with their candidates; `memo` shares the
+    candidates of a (pair, ports) within one view."""
+    job = view.jobs[ji]
     out = []
-    for f in flows:
-        key = (id(f.cands), f.choice)
-        shape = shapes.get(key)
-        if shape is None:
-            path = tuple(f.cands[f.choice].tolist())
-            shape = shapes[key] = (path, tuple(link_dst[i] for i in path[:-1]))
-        out.append(FlowDecision(ids[f.job], f.spec.src, f.spec.dst, f.spec.bytes,
-                                f.spec.src_port, shape[0], shape[1], f.sports[f.choice],
-                                len(f.cands)))
-    return tuple(out)
+    for spec in job.flows:
+        if spec.src == spec.dst:
+            continue
+        key = (spec.src, spec.dst, spec.src_port, spec.dst_port)
+        hit = memo.get(key)
+        if hit is None:
+            cands, sports = _candidates(view, finder, spec)
+            if len(cands) == 0:
+                raise PlanningError(f"job {job.id}: no path from {spec.src} to {spec.dst}")
+            hit = memo[key] = (cands, 1.0 / view.topology.capacity[cands], sports)
+        out.append(FlowPaths(ji, spec, *hit))
+    return out
+
+
+def job_flow_decisions(link_dst: list[str], job_id: str, flows: list[FlowPaths]
+                       ) -> tuple[FlowDecision, ...]:
+    """One job's flows on their chosen paths, as the plan reports them (`link_dst`:
+    `link_destinations`); a path's hop names are worked out once per candidate set."""
+    shapes: dict[tuple[int, int], tuple[tuple[int, ...], tuple[str, ...]]] = {}
+    return tuple(_decision(f, job_id, link_dst, shapes) for f in flows)
+
+
+def link_destinations(topo: Topology) -> list[str]:
+    """Each link's far end, kept on the topology (immutable) for later plans."""
+    key = ("link_dst",)
+    hit = topo.derived.get(key)
+    if not isinstance(hit, list):
+        hit = topo.derived[key] = [lk.dst for lk in topo.links]
+    return hit
+
+
+def _decision(f: FlowPaths, job_id: str, link_dst: list[str],
+              shapes: dict[tuple[int, int], tuple[tuple[int, ...], tuple[str, ...]]]
+              ) -> FlowDecision:
+    key = (id(f.cands), f.choice)
+    shape = shapes.get(key)
+    if shape is None:
+        path = tuple(f.cands[f.choice].tolist())
+        shape = shapes[key] = (path, tuple(link_dst[i] for i in path[:-1]))
+    return FlowDecision(job_id, f.spec.src, f.spec.dst, f.spec.bytes, f.spec.src_port,
+                        shape[0], shape[1], f.sports[f.choice], len(f.cands))
 
 
 def _candidates(view: ClusterView, finder: PathFinder, spec: FlowSpec

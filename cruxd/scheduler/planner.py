@@ -7,6 +7,13 @@ The pipeline, one step each below (`plan` reads as their list):
 3. path selection from the most to the least intensive job (§4.1);
 4. correction factors k_j and unique priorities P_j = k_j I_j (§4.2);
 5. contention DAG and compression to `levels` (§4.3), DSCP per level.
+
+Nothing here is normalised by a cluster-wide figure (such as the largest intensity):
+path selection weighs loads by I_j itself and compression rescales each component
+by a power of two (compression.py), so one job's arrival cannot shift the numbers
+of jobs it does not contend with. `IncrementalPlanner` (incremental.py) relies on
+it to reuse what an event cannot change; it must give exactly what `plan` gives,
+so both build on the helpers below.
 """
 
 from __future__ import annotations
@@ -16,14 +23,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from cruxd.model.paths import DEFAULT_MAX_PATHS
-from cruxd.model.plan import JobDecision, LinkLoad, Plan
+from cruxd.model.plan import FlowDecision, JobDecision, LinkLoad, Plan
 from cruxd.model.view import ClusterView
-from cruxd.scheduler.compression import compress_indexed
+from cruxd.scheduler.compression import ComponentMemo, compress_indexed
 from cruxd.scheduler.dag import contention_edges
 from cruxd.scheduler.dscp import DEFAULT_LEVELS, level_dscp
-from cruxd.scheduler.flow_paths import FlowPaths, candidate_flows, flow_decisions
+from cruxd.scheduler.flow_paths import (
+    FlowPaths,
+    candidate_flows,
+    job_flow_decisions,
+    link_destinations,
+)
 from cruxd.scheduler.priority import Priorities, assign, tie_groups
-from cruxd.scheduler.selection import pick, standalone_comm_time
+from cruxd.scheduler.selection import flow_loads, pick, standalone_comm_time
 
 
 @dataclass(frozen=True)
@@ -55,29 +67,55 @@ class PlanConfig:
 
 def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
     config = config or PlanConfig()
-    dscp = config.dscp_values()
+    config.dscp_values()  # a bad DSCP map fails before any work
     ids = [j.id for j in view.jobs]
-    flows, by_job = candidate_flows(view, config.max_paths)
-    jobs = _intensities(view, by_job)
-    _select_paths(ids, by_job, jobs, len(view.topology.capacity), config.tie_tolerance)
+    _, by_job = candidate_flows(view, config.max_paths)
+    cap = view.topology.capacity
+    scratch = np.zeros(len(cap))
+    traffic = np.array([sum(f.spec.bytes for f in fl) for fl in by_job], dtype=np.float64)
+    alone = np.array([standalone_comm_time([(f.cands, f.inv_cap, f.spec.bytes) for f in fl],
+                                           cap, scratch) for fl in by_job], dtype=np.float64)
+    jobs = intensities(view, traffic, alone, np.array([len(fl) > 0 for fl in by_job]))
+    order = selection_order(ids, jobs, config.tie_tolerance)
+    _select_paths(order, by_job, jobs, len(cap))
+    return finish(view, config, jobs, [_chosen(fl) for fl in by_job],
+                  [[f.spec.bytes for f in fl] for fl in by_job],
+                  [[f.cands.shape[1] for f in fl] for fl in by_job],
+                  [job_flow_decisions(link_destinations(view.topology), ids[ji], fl)
+                   for ji, fl in enumerate(by_job)])
+
+
+def finish(view: ClusterView, config: PlanConfig, jobs: Intensities,
+           chosen: list[np.ndarray], nbytes: list[list[float]], hops: list[list[int]],
+           decisions: list[tuple[FlowDecision, ...]], memo: ComponentMemo | None = None
+           ) -> Plan:
+    """Steps 4-5 and the plan, from the paths chosen per job: `chosen` the links of
+    each job's chosen paths in flow order, `nbytes`/`hops` per flow, `decisions` the
+    job's flows as the plan reports them."""
+    ids = [j.id for j in view.jobs]
     pr = assign(ids, jobs.intensity, jobs.compute, jobs.overlap, jobs.comm, jobs.traffic,
                 reference=config.reference_job, window_periods=config.pair_window_periods,
                 declared=jobs.declared, tie_tolerance=config.tie_tolerance)
-    usage = _link_usage(flows, jobs.period, len(view.topology.capacity))
-    levels = _compress(usage, pr, jobs, config)
+    usage = _link_usage(chosen, nbytes, hops, jobs.period, len(view.topology.capacity))
+    levels = _compress(usage, pr, jobs, config, memo)
     return Plan(
-        jobs=_job_decisions(ids, jobs, pr, levels.level, dscp),
-        flows=flow_decisions(view, ids, flows),
+        jobs=_job_decisions(ids, jobs, pr, levels.level, config.dscp_values()),
+        flows=tuple(d for per_job in decisions for d in per_job),
         links=_busiest(view, usage, config.busiest_links, ids),
         levels=config.levels,
         reference_job=ids[pr.reference] if pr.reference is not None else None,
         cut_weight=levels.cut,
-        contention_weight=float(levels.weights.sum() * jobs.i_max),
+        contention_weight=float(levels.weights.sum()),
     )
 
 
+def _chosen(flows: list[FlowPaths]) -> np.ndarray:
+    return (np.concatenate([f.cands[f.choice] for f in flows]) if flows
+            else np.zeros(0, dtype=np.int64))
+
+
 @dataclass(frozen=True)
-class _Intensities:
+class Intensities:
     """Step 2, per job (arrays in view.jobs order)."""
 
     compute: np.ndarray
@@ -86,32 +124,25 @@ class _Intensities:
     comm: np.ndarray  # t_j: measured, else standalone
     period: np.ndarray  # standalone iteration time
     intensity: np.ndarray  # I_j = W_j / t_j; inf without inter-host traffic
-    i_max: float  # the largest finite I_j (1 if none): intensities are weighed against it
     declared: np.ndarray  # bool: figures the job declared, not measured (Job.declared)
 
 
-def _intensities(view: ClusterView, by_job: list[list[FlowPaths]]) -> _Intensities:
+def intensities(view: ClusterView, traffic: np.ndarray, alone: np.ndarray,
+                networked: np.ndarray) -> Intensities:
+    """Step 2 from each job's bytes per iteration, standalone t_j (`standalone_comm_time`)
+    and whether it has inter-host flows; measured t_j override the standalone one."""
     jobs = view.jobs
-    cap = view.topology.capacity
     compute = np.array([j.compute_s for j in jobs], dtype=np.float64)
     overlap = np.array([j.overlap for j in jobs], dtype=np.float64)
     flops = np.array([j.flops for j in jobs], dtype=np.float64)
-    traffic = np.array([sum(f.spec.bytes for f in fl) for fl in by_job], dtype=np.float64)
-    comm = np.zeros(len(jobs))
-    scratch = np.zeros(len(cap))
-    for ji, job in enumerate(jobs):
-        t = standalone_comm_time([(f.cands, f.inv_cap, f.spec.bytes) for f in by_job[ji]],
-                                 cap, scratch)
-        measured = job.comm_s is not None and job.comm_s > 0 and by_job[ji]
-        comm[ji] = job.comm_s if measured and job.comm_s is not None else t
+    comm = np.array([j.comm_s if j.comm_s is not None and j.comm_s > 0 and networked[ji]
+                     else alone[ji] for ji, j in enumerate(jobs)], dtype=np.float64)
     period = np.maximum(compute, (1.0 - overlap) * compute + comm)
     with np.errstate(divide="ignore"):
         intensity = np.where(comm > 0, flops / np.where(comm > 0, comm, 1.0), np.inf)
     declared = np.array([j.declared for j in jobs], dtype=bool)
     _cap_declared(intensity, declared)
-    finite = intensity[np.isfinite(intensity)]
-    i_max = float(finite.max()) if len(finite) else 1.0
-    return _Intensities(compute, overlap, traffic, comm, period, intensity, i_max, declared)
+    return Intensities(compute, overlap, traffic, comm, period, intensity, declared)
 
 
 def _cap_declared(intensity: np.ndarray, declared: np.ndarray) -> None:
@@ -122,17 +153,22 @@ def _cap_declared(intensity: np.ndarray, declared: np.ndarray) -> None:
         np.minimum(intensity, np.where(declared, measured.min(), np.inf), out=intensity)
 
 
-def _select_paths(ids: list[str], by_job: list[list[FlowPaths]], jobs: _Intensities,
-                  n_links: int, tie_tolerance: float) -> None:
-    """Step 3: sets each flow's `choice`, the most intensive job first."""
-    load = np.zeros(n_links)
+def selection_order(ids: list[str], jobs: Intensities, tie_tolerance: float) -> list[int]:
+    """Step 3's order: measured jobs first, then by intensity (ties by id)."""
     tied = tie_groups(jobs.intensity, tie_tolerance)
-    for ji in sorted(range(len(ids)), key=lambda i: (bool(jobs.declared[i]), tied[i], ids[i])):
-        weight = jobs.intensity[ji] / jobs.i_max
-        for f in by_job[ji]:
-            x = weight * 8.0 * f.spec.bytes / jobs.period[ji] / 1e9
-            f.choice = pick(f.cands, f.inv_cap, load, x)
-            load[f.cands[f.choice]] += x
+    return sorted(range(len(ids)), key=lambda i: (bool(jobs.declared[i]), tied[i], ids[i]))
+
+
+def _select_paths(order: list[int], by_job: list[list[FlowPaths]], jobs: Intensities,
+                  n_links: int) -> None:
+    """Step 3: sets each flow's `choice`, in `order` (the most intensive job first)."""
+    load = np.zeros(n_links)
+    for ji in order:
+        x = flow_loads(float(jobs.intensity[ji]), float(jobs.period[ji]),
+                       np.array([f.spec.bytes for f in by_job[ji]])).tolist()
+        for f, xf in zip(by_job[ji], x, strict=True):
+            f.choice = pick(f.cands, f.inv_cap, load, xf)
+            load[f.cands[f.choice]] += xf
 
 
 @dataclass(frozen=True)
@@ -144,44 +180,46 @@ class _LinkUsage:
     demand: np.ndarray  # Gbit/s on each link of the topology
 
 
-def _link_usage(flows: list[FlowPaths], period: np.ndarray, n_links: int) -> _LinkUsage:
-    hops_per_flow = np.array([f.cands.shape[1] for f in flows], dtype=np.int64)
-    link_of = (np.concatenate([f.cands[f.choice] for f in flows]) if flows
-               else np.zeros(0, dtype=np.int64))
-    job_of = np.repeat(np.array([f.job for f in flows], dtype=np.int64), hops_per_flow)
-    flow_gbps = np.array([8.0 * f.spec.bytes / period[f.job] / 1e9 for f in flows])
-    demand = np.bincount(link_of, weights=np.repeat(flow_gbps, hops_per_flow),
-                         minlength=n_links)
-    return _LinkUsage(link_of, job_of, demand)
+def _link_usage(chosen: list[np.ndarray], nbytes: list[list[float]], hops: list[list[int]],
+                period: np.ndarray, n_links: int) -> _LinkUsage:
+    sizes = [len(c) for c in chosen]
+    link_of = np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
+    job_of = np.repeat(np.arange(len(chosen), dtype=np.int64), sizes)
+    flow_job = np.repeat(np.arange(len(chosen), dtype=np.int64), [len(b) for b in nbytes])
+    flat_bytes = np.array([b for per_job in nbytes for b in per_job], dtype=np.float64)
+    flow_gbps = 8.0 * flat_bytes / period[flow_job] / 1e9
+    per_hop = np.repeat(flow_gbps, [h for per_job in hops for h in per_job])
+    demand = np.bincount(link_of.astype(np.int64), weights=per_hop, minlength=n_links)
+    return _LinkUsage(link_of.astype(np.int64), job_of, demand)
 
 
 @dataclass(frozen=True)
 class _Levels:
     level: np.ndarray  # per job
-    weights: np.ndarray  # per contention edge: I_hi / i_max
+    weights: np.ndarray  # per contention edge: I_hi
     cut: float  # contention weight between different levels (the Max-K-Cut objective)
 
 
-def _compress(usage: _LinkUsage, pr: Priorities, jobs: _Intensities,
-              config: PlanConfig) -> _Levels:
+def _compress(usage: _LinkUsage, pr: Priorities, jobs: Intensities,
+              config: PlanConfig, memo: ComponentMemo | None = None) -> _Levels:
     """Step 5: the contention DAG (who shares a link with whom, by rank), compressed
     onto config.levels."""
     n = len(jobs.intensity)
     hi, lo = contention_edges(usage.link_of, usage.job_of, pr.rank)
-    weights = jobs.intensity[hi] / jobs.i_max
+    weights = jobs.intensity[hi]
     order = np.argsort(pr.rank)
     level = compress_indexed(n, hi, lo, weights, config.levels, order,
-                             samples=config.samples, seed=config.seed)
+                             samples=config.samples, seed=config.seed, memo=memo)
     contending = np.zeros(n, dtype=bool)
     contending[hi] = contending[lo] = True
     # jobs that contend with nobody may sit anywhere; keep them spread by rank
     quantile = config.levels - 1 - (pr.rank * config.levels) // max(n, 1)
     level = np.where(contending, level, quantile)
-    cut = float(weights[level[hi] != level[lo]].sum() * jobs.i_max)
+    cut = float(weights[level[hi] != level[lo]].sum())
     return _Levels(level, weights, cut)
 
 
-def _job_decisions(ids: list[str], jobs: _Intensities, pr: Priorities, level: np.ndarray,
+def _job_decisions(ids: list[str], jobs: Intensities, pr: Priorities, level: np.ndarray,
                    dscp: tuple[int, ...]) -> tuple[JobDecision, ...]:
     return tuple(sorted((
         JobDecision(job=ids[i], intensity=float(jobs.intensity[i]), comm_s=float(jobs.comm[i]),

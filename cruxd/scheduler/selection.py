@@ -4,7 +4,7 @@ Jobs go from most to least intensive; each flow takes the least congested of its
 candidate paths given everything placed so far.
 
 Congestion, precisely: every placed flow f of job j puts a weighted load
-    x_f = (I_j / I_max) * r_f   on each link of its path,
+    x_f = I_j * r_f   on each link of its path (`flow_loads`),
 where r_f = 8 * bytes_f / period_j (Gbit/s: the flow's mean rate at the job's
 standalone iteration time). The congestion of a candidate path p for a flow with
 load x is the bottleneck ratio  max_{e in p} (X_e + x) / B_e,  X_e the load already
@@ -40,6 +40,15 @@ def pick(cands: np.ndarray, inv_cap: np.ndarray, load: np.ndarray, x: float) -> 
         return tied[0]
     sums: list[float] = ratio[tied].sum(axis=1).tolist()
     return tied[sums.index(min(sums))]
+
+
+def flow_loads(intensity: float, period: float, nbytes: np.ndarray) -> np.ndarray:
+    """x_f of a job's flows, elementwise in IEEE doubles (the same numbers for one job
+    or many). Weighted by I_j itself, not I_j / I_max: pick() is invariant to a common
+    positive scaling of the loads only up to rounding, so a normaliser shared by all
+    jobs would make one job's arrival move the choices of jobs it never meets."""
+    out: np.ndarray = intensity * 8.0 * nbytes / period / 1e9
+    return out
 
 
 def standalone_comm_time(flows: list[tuple[np.ndarray, np.ndarray, float]],

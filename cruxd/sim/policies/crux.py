@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from cruxd.model.view import ClusterView
-from cruxd.scheduler.planner import PlanConfig, plan
+from cruxd.scheduler.incremental import IncrementalPlanner
+from cruxd.scheduler.planner import PlanConfig
 from cruxd.sim.policies.base import Context, Decisions
 
 
@@ -26,6 +27,8 @@ class Crux:
         self.ideal_levels = not compress
         # the floor needs fresh throughput: re-plan on a clock, not only on arrivals
         self.replan_every_s = replan_every_s
+        # re-plans differ by an arrival or a departure: plan() exactly, at a fraction
+        self.planner = IncrementalPlanner()
 
     def decide(self, ctx: Context) -> Decisions:
         if not ctx.jobs:
@@ -33,8 +36,9 @@ class Crux:
         n = len(ctx.jobs)
         # unique priorities need no compression: plan on one level, use the ranks
         levels = ctx.levels if self.compress else 1
-        p = plan(ClusterView(ctx.topology, ctx.jobs),
-                 PlanConfig(levels=levels, dscp=tuple(range(levels)), seed=ctx.seed))
+        p = self.planner.plan(ClusterView(ctx.topology, ctx.jobs),
+                              PlanConfig(levels=levels, dscp=tuple(range(levels)),
+                                         seed=ctx.seed))
         if self.compress:
             level = {d.job: d.level for d in p.jobs}
         else:
