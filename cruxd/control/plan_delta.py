@@ -40,5 +40,12 @@ def carry_changes(old: PublishedPlan | None, new: PublishedPlan) -> PublishedPla
     return replace(new, since=old.since, changed_at=changed)
 
 
+def changed_hosts(old: PublishedPlan, new: PublishedPlan) -> set[str]:
+    """Hosts whose decisions `new` (continued from `old` by carry_changes) changes."""
+    if new.since == new.generation:
+        return {h for a in (*old.jobs, *new.jobs) for h in a.hosts} | set(new.reprobe) | {"*"}
+    return {h for h, g in new.changed_at.items() if g == new.generation}
+
+
 def _hosts(a: JobAssignment | None) -> set[str]:
     return set(a.hosts) if a is not None else set()

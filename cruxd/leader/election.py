@@ -19,11 +19,13 @@ import json
 import logging
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from cruxd.config.model import LeaderConfig
 from cruxd.leader.etcd import ClientError, EtcdClient
+from cruxd.leader.store import FORMAT
 
 LOG = logging.getLogger(__name__)
 MAX_STATE = 64 << 20  # decompressed; bounds what a bad value in etcd can make us hold
@@ -45,8 +47,8 @@ class Election:
                  client: EtcdClient | None = None) -> None:
         self.client = client or EtcdClient(config)
         p = config.etcd_prefix
-        self.key, self.gen_key, self.state_key = (f"{p}/{k}".encode()
-                                                  for k in ("leader", "generation", "state"))
+        self.key, self.gen_key, self.plan_key, self.state_key = (
+            f"{p}/{k}".encode() for k in ("leader", "generation", "plan", "state"))
         self.ttl = math.ceil(config.etcd_lease_s)
         self.me = json.dumps({"address": address, "host": host}).encode()
         self.lease: Any = None
@@ -63,8 +65,9 @@ class Election:
             LOG.warning("%s", msg)
         self.error = msg
 
-    async def win(self, poll_s: float) -> int:
-        """Campaign until this candidate holds the key; its term."""
+    async def win(self, poll_s: float, seen: Callable[[Holder | None], None]) -> int:
+        """Campaign until this candidate holds the key; its term. `seen` hears who holds
+        it meanwhile (None: nobody)."""
         t = self.client.transactions
         while True:
             try:
@@ -75,11 +78,11 @@ class Election:
                     success=[t.put(self.key, self.me, lease=self.lease)], failure=[])
                 kv = await self.client.get(self.key)
                 await self._ok()
-                if kv is not None:
-                    self.holder = _holder(kv)
-                    if kv.lease == self.lease.id:  # ours (won now, or still ours)
-                        self.term = kv.create_revision
-                        return self.term
+                self.holder = _holder(kv) if kv is not None else None
+                seen(self.holder)
+                if kv is not None and kv.lease == self.lease.id:  # ours (now, or still)
+                    self.term = kv.create_revision
+                    return self.term
                 if not ok:
                     reply = await self.client.refresh_lease(self.lease.id)
                     if reply.TTL <= 0:
@@ -105,10 +108,10 @@ class Election:
             await self._ok()
 
     async def commit(self, **values: bytes) -> str | None:
-        """Write `generation` and/or `state` while holding the key: None, or why not. A
-        failed comparison raises Lost."""
+        """Write `generation`, `plan` and/or `state` in one transaction while holding the
+        key: None, or why not. A failed comparison raises Lost."""
         t = self.client.transactions
-        keys = {"generation": self.gen_key, "state": self.state_key}
+        keys = {"generation": self.gen_key, "plan": self.plan_key, "state": self.state_key}
         try:
             ok, _ = await self.client.transaction(
                 compare=[t.create(self.key) == self.term],
@@ -122,9 +125,10 @@ class Election:
         return None
 
     async def load(self) -> tuple[int, dict[str, Any] | None]:
-        """The highest generation recorded and the saved state (None: none or unreadable)."""
-        gen_kv = await self.client.get(self.gen_key)
-        state_kv = await self.client.get(self.state_key)
+        """The highest generation recorded, and the state to resume: the cluster view
+        (saved after each change) with the plan of that generation (saved with it)."""
+        gen_kv, plan_kv, state_kv = [await self.client.get(k) for k in
+                                     (self.gen_key, self.plan_key, self.state_key)]
         generation = 0
         if gen_kv is not None:
             try:
@@ -132,15 +136,11 @@ class Election:
             except ValueError:
                 LOG.error("%s is not a generation (%r...); starting from 0",
                           self.gen_key.decode(), gen_kv.value[:32])
-        doc = None
-        if state_kv is not None:
-            try:
-                raw = zlib.decompressobj().decompress(state_kv.value, MAX_STATE)
-                doc = json.loads(raw)
-            except (zlib.error, ValueError) as exc:
-                LOG.error("leader state in %s unreadable (%s); starting empty",
-                          self.state_key.decode(), exc)
-        return generation, doc
+        view, plan = (_decoded(kv) for kv in (state_kv, plan_kv))
+        if view is None and plan is None:
+            return generation, None
+        return generation, {**(view or {"format": FORMAT, "agents": {}, "jobs": {}}),
+                            "plan": plan}
 
     async def resign(self) -> None:
         if self.lease is not None:
@@ -156,7 +156,17 @@ class Election:
         return self.holder
 
 
-def encode_state(doc: dict[str, Any]) -> bytes:
+def _decoded(kv: Any) -> Any:
+    if kv is None:
+        return None
+    try:
+        return json.loads(zlib.decompressobj().decompress(kv.value, MAX_STATE))
+    except (zlib.error, ValueError) as exc:
+        LOG.error("%s unreadable (%s); not resumed", kv.key.decode(errors="replace"), exc)
+        return None
+
+
+def encode_state(doc: Any) -> bytes:
     return zlib.compress(json.dumps(doc, allow_nan=False, separators=(",", ":")).encode(), 3)
 
 

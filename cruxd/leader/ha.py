@@ -11,13 +11,14 @@ it, under its term; the state itself is saved there after. If etcd cannot be wri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from cruxd.leader.election import Election, Lost, encode_state
+from cruxd.control.codec import to_dict
+from cruxd.leader.election import Election, Holder, Lost, encode_state
 
 if TYPE_CHECKING:
+    from cruxd.control.host_plans import PublishedPlan
     from cruxd.leader.service import Leader
 
 LOG = logging.getLogger(__name__)
@@ -49,11 +50,7 @@ class Candidate:
     async def _run(self) -> None:
         leader, el = self.leader, self.election
         while True:
-            watcher = asyncio.create_task(self._watch_holder())
-            try:
-                term = await el.win(POLL_S)
-            finally:
-                watcher.cancel()
+            term = await el.win(POLL_S, self._seen)
             try:
                 high_water, doc = await el.load()
             except Exception as exc:  # cannot read what to resume: try the campaign again
@@ -77,23 +74,23 @@ class Candidate:
             if not hold.done() or el.lease is not None:
                 await el.resign()
 
-    async def _watch_holder(self) -> None:
+    def _seen(self, holder: Holder | None) -> None:
         """While standby: who is active, for Status and for the refusals' redirect."""
-        while True:
-            with contextlib.suppress(Exception):
-                holder = await self.election.leader()
-                self.leader.active_leader = holder.address if holder else ""
-            await asyncio.sleep(POLL_S * 2)
+        self.leader.active_leader = holder.address if holder else ""
 
-    async def _fence(self, generation: int) -> str | None:
+    async def _fence(self, plan: PublishedPlan) -> str | None:
+        """Record the generation with its plan (so a successor resumes exactly it)."""
+        data = await asyncio.to_thread(encode_state, to_dict(plan))
         try:
-            return await self.election.commit(generation=str(generation).encode())
+            return await self.election.commit(generation=str(plan.generation).encode(),
+                                              plan=data)
         except Lost as exc:
             self._deposed.set()
             return str(exc)
 
     async def _save(self, doc: dict[str, object]) -> None:
-        data = await asyncio.to_thread(encode_state, doc)
+        """The cluster view, after changes; the plan went with its generation."""
+        data = await asyncio.to_thread(encode_state, {**doc, "plan": None})
         try:
             why = await self.election.commit(state=data)
         except Lost:

@@ -32,7 +32,7 @@ from cruxd.control.host_plans import (
     make_plan,
     plan_inputs,
 )
-from cruxd.control.plan_delta import carry_changes
+from cruxd.control.plan_delta import carry_changes, changed_hosts
 from cruxd.control.validate import InvalidMessage, check_host_id, check_report
 from cruxd.hints.formats import FORMATS
 from cruxd.leader import store
@@ -50,6 +50,7 @@ from cruxd.scheduler.planner import PlanConfig
 
 LOG = logging.getLogger(__name__)
 PERSIST_DELAY_S = 0.1
+SETTLE_MAX_S = 10.0  # HA: how long a new leader waits for the agents before re-planning
 
 
 class Leader(lgrpc.LeaderServicer):
@@ -87,7 +88,9 @@ class Leader(lgrpc.LeaderServicer):
         self.not_publishing = ""  # why plans are not going out (etcd unreachable, ...)
         # HA: record the generation before publishing (None: recorded, else why not;
         # raises when deposed), and save the state (instead of the state file)
-        self.fence: Callable[[int], Awaitable[str | None]] | None = None
+        self.fence: Callable[[PublishedPlan], Awaitable[str | None]] | None = None
+        self._unheard: set[str] = set()  # HA, just elected: agents yet to report
+        self._settle_until = 0.0
         self.saver: Callable[[dict[str, object]], Awaitable[None]] | None = None
         self._fanout: FanOut | None = None
         self.hints = LeaderHints(self)
@@ -124,6 +127,14 @@ class Leader(lgrpc.LeaderServicer):
             except ValueError as exc:
                 LOG.error("leader state in %s unusable (%s); starting empty", source, exc)
         self._resume(plan, high_water, source)
+        if self.plan is not None:  # the same plan, served under this leader's term
+            self.plan = replace(self.plan, term=term)
+        # The view in etcd may be older than the plan (it is saved after it): re-planning
+        # on it would drop jobs it does not know yet. Wait for every agent it knows to
+        # report (they do at once on finding this leader), or SETTLE_MAX_S at most.
+        self._unheard = set(self.state.agents)
+        self._settle_until = self.clock() + min(self.config.leader.agent_timeout_s,
+                                                SETTLE_MAX_S)
         self.term, self.role, self.active_leader = term, "active", self.address
         self.not_publishing = ""
         self.start()
@@ -200,6 +211,12 @@ class Leader(lgrpc.LeaderServicer):
             causes = [*self._causes, *self.state.expire(now),
                       *self.state.advance_profiling(now, can_profile(self.config.leader.levels))]
             self._causes = []
+            if (causes and self._unheard and now < self._settle_until):
+                self._causes = causes  # kept for when the view is whole
+                asyncio.get_running_loop().call_later(
+                    min(0.2, self._settle_until - now), self._wake.set)
+                continue
+            self._unheard.clear()
             if causes or (self.plan is None and self.state.agents):
                 await self._replan(causes or ["first plan"])
 
@@ -217,17 +234,23 @@ class Leader(lgrpc.LeaderServicer):
                           self.plan.generation if self.plan else "none")
             return
         plan.latency_s = time.monotonic() - first
+        if self.role == "active" and self.plan is not None and not changed_hosts(self.plan, plan):
+            # HA: a plan that changes no decision is not worth a generation in etcd
+            LOG.debug("plan after %s changes nothing; not published", "; ".join(causes[:3]))
+            return
         # The number is recorded before any agent can see it (a WatchPlan opened meanwhile
         # sends self.plan): a leader killed right after publishing must not restart at the
         # previous generation and reuse this one for a different plan. Only the number: the
         # whole state (MBs at 1,000 agents) is saved after, off the path to the agents.
         if self.fence is not None:
-            why = await self.fence(gen)  # raises if deposed: nothing goes out
+            why = await self.fence(plan)
             if why is not None:
+                log = LOG.error if why != self.not_publishing else LOG.debug  # once a cause
                 self.not_publishing = why
-                LOG.error("plan %d not published: %s; agents keep plan %s", gen, why,
+                log("plan %d not published: %s; agents keep plan %s", gen, why,
                           self.plan.generation if self.plan else "none")
-                self._causes = [*causes, *self._causes]  # retried with the next event
+                self._causes = [*causes, *self._causes]  # retried: next event, or in 1 s
+                asyncio.get_running_loop().call_later(1.0, self._wake.set)
                 return
             self.not_publishing = ""
         else:
@@ -270,7 +293,10 @@ class Leader(lgrpc.LeaderServicer):
             await asyncio.sleep(PERSIST_DELAY_S)
             self._unsaved.clear()
             if self.saver is not None:
-                await self.saver(self._snapshot()[1])
+                try:
+                    await self.saver(self._snapshot()[1])
+                except Exception:  # the next change saves again; never lose the task
+                    LOG.exception("cannot save the leader state")
                 continue
             # a consistent snapshot is taken on the loop; only the disk write leaves it
             await asyncio.to_thread(self._save, self._snapshot())
@@ -328,6 +354,7 @@ class Leader(lgrpc.LeaderServicer):
             if live_jobs + len(new) > self.max_jobs:
                 await self._reject(context, "Report", InvalidMessage(
                     "jobs", f"leader.max_jobs ({self.max_jobs}) reached"))
+        self._unheard.discard(report.host.host_id)
         self._event(*self.state.ingest(report, self.clock()))
         self.hints.observe(report)
         return lpb.ReportAck(plan_generation=self.plan.generation if self.plan else 0,
