@@ -5,8 +5,19 @@ A simulated agent is what a real `cruxd` agent looks like to the leader: one
 WatchPlan stream (opened with the generation it holds), a Report at start, one
 every `report_interval_s` (jittered), and one right after every plan it receives
 (the real agent pokes its report loop when it applies a plan, to tell the leader
-which generation its table holds). Each agent has its own gRPC channel and TCP
-connection (a local subchannel pool), as separate hosts would.
+which generation its table holds). By default each agent has its own gRPC channel and
+TCP connection (a local subchannel pool), as separate hosts would; `per_channel` > 1
+multiplexes that many agents on one channel (one TCP connection; still one WatchPlan
+stream and one Report call at a time per agent), for when one connection per agent
+does not fit the machine the benchmark runs on.
+
+Plans: a HostPlan is either full (the host's decisions: `jobs`) or, with `unchanged`
+set, a watermark: generation G changes nothing on this host since `base_generation`,
+which it holds, and carries no jobs (the leader's delta fan-out). An agent holds
+generation G on either kind. A job counts as planned on a host only from a full plan
+that has it in a planned state; on an unchanged plan the host keeps its last full
+plan's decisions. An unchanged plan whose base is not the generation the agent holds
+is counted as a failure ("WatchPlan unchanged base mismatch") but still advances it.
 
 A worker process runs a few hundred of them on one asyncio loop and answers the
 controller's commands over a multiprocessing pipe. Timestamps are
@@ -27,6 +38,9 @@ from typing import Any
 from _workload import JobSpec, host_id, inventory_pb, local_job_pb, make_jobs
 
 PLANNED = (1, 2, 3)  # JobState PROFILING, SCHEDULED, QUEUED: the scheduler placed it
+# how often a wait_* command looks at the agents; their times are taken when a plan arrives
+# (in _watch), so this only sets how soon the controller hears, at O(agents) CPU a look
+POLL_S = 0.02
 
 
 @dataclass
@@ -40,6 +54,9 @@ class FakeAgent:
     seq: int = 0
     generation: int = 0
     gen_time: dict[int, float] = field(default_factory=dict)  # generation -> first seen
+    decisions: dict[str, int] = field(default_factory=dict)  # last full plan: job -> state
+    full_plans: int = 0
+    unchanged_plans: int = 0
     planned_at: dict[str, tuple[int, float]] = field(default_factory=dict)  # job -> (gen, t)
     poke: asyncio.Event = field(default_factory=asyncio.Event)
     reports: int = 0
@@ -76,30 +93,56 @@ class FakeAgent:
         return True
 
 
+def on_plan(a: FakeAgent, msg: Any, now: float) -> None:
+    """Apply a HostPlan (full or unchanged) to a simulated agent's state."""
+    gen = msg.generation
+    if msg.unchanged:
+        a.unchanged_plans += 1
+        if msg.base_generation != a.generation:
+            a.fail("WatchPlan unchanged base mismatch")
+    else:
+        a.full_plans += 1
+        a.decisions = {d.job_id: d.state for d in msg.jobs}
+        for d in msg.jobs:
+            if d.state in PLANNED and d.job_id not in a.planned_at:
+                a.planned_at[d.job_id] = (gen, now)
+    a.gen_time.setdefault(gen, now)
+    a.generation = gen
+
+
 class Worker:
     def __init__(self, address: str, hosts: list[int], jobs: dict[int, list[Any]],
-                 interval_s: float, poke_on_plan: bool) -> None:
+                 interval_s: float, poke_on_plan: bool, nics: tuple[int, float] | None = None,
+                 per_channel: int = 1) -> None:
+        from _cluster_shapes import inventory
+
         self.address = address
-        self.agents = [FakeAgent(i, jobs.get(i, []), inventory_pb(i)) for i in hosts]
+        self.agents = [FakeAgent(i, jobs.get(i, []), inventory_pb(i) if nics is None
+                                 else inventory(i, *nics)) for i in hosts]
         self.by_index = {a.index: a for a in self.agents}
         self.interval_s = interval_s
         self.poke_on_plan = poke_on_plan
+        self.per_channel = max(1, per_channel)
+        self.channels: list[Any] = []
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def connect(self) -> int:
+    async def connect(self, timeout: float = 120.0) -> int:
         import grpc
 
         from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
         from cruxd.rpc.tls import KEEPALIVE
 
-        for a in self.agents:
-            # one TCP connection per simulated host, as separate machines would have
-            a.channel = grpc.aio.insecure_channel(
-                self.address, options=[*KEEPALIVE, ("grpc.use_local_subchannel_pool", 1)])
-            a.stub = lgrpc.LeaderStub(a.channel)
+        for k, a in enumerate(self.agents):
+            if k % self.per_channel == 0:
+                # one TCP connection per simulated host (per_channel 1), as separate
+                # machines would have, or per group of per_channel agents
+                self.channels.append(grpc.aio.insecure_channel(
+                    self.address, options=[*KEEPALIVE, ("grpc.use_local_subchannel_pool", 1)]))
+            a.channel = self.channels[-1]
+            a.stub = lgrpc.LeaderStub(a.channel)  # type: ignore[no-untyped-call]
             self.tasks.append(asyncio.create_task(self._watch(a)))
             self.tasks.append(asyncio.create_task(self._report_loop(a)))
-        await asyncio.wait_for(asyncio.gather(*(a.acked.wait() for a in self.agents)), 120)
+        await asyncio.wait_for(asyncio.gather(*(a.acked.wait() for a in self.agents)), timeout)
         return sum(a.reports for a in self.agents)
 
     async def _watch(self, a: FakeAgent) -> None:
@@ -113,13 +156,7 @@ class Worker:
                                     metadata=a.metadata)
             try:
                 async for msg in call:
-                    now = time.monotonic()
-                    gen = msg.generation
-                    a.gen_time.setdefault(gen, now)
-                    a.generation = gen
-                    for d in msg.jobs:
-                        if d.state in PLANNED and d.job_id not in a.planned_at:
-                            a.planned_at[d.job_id] = (gen, now)
+                    on_plan(a, msg, time.monotonic())
                     if self.poke_on_plan:
                         a.poke.set()
             except grpc.aio.AioRpcError as exc:
@@ -173,7 +210,7 @@ class Worker:
         while not all(job_id in a.planned_at for a in members):
             if time.monotonic() > end:
                 return None
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(POLL_S)
         return [a.planned_at[job_id] for a in members]
 
     async def wait_generation(self, gen: int, timeout: float) -> list[float] | None:
@@ -182,7 +219,7 @@ class Worker:
         while not all(a.generation >= gen for a in self.agents):
             if time.monotonic() > end:
                 return None
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(POLL_S)
         return [min(t for g, t in a.gen_time.items() if g >= gen) for a in self.agents]
 
     async def wait_quiet(self, timeout: float) -> bool:
@@ -191,11 +228,16 @@ class Worker:
         while not all(a.acked_since >= a.gen_time.get(a.generation, 0.0) for a in self.agents):
             if time.monotonic() > end:
                 return False
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(POLL_S)
         return True
 
     def generations(self) -> list[int]:
         return [a.generation for a in self.agents]
+
+    def plans(self) -> tuple[int, int]:
+        """(full, unchanged) HostPlans received so far by this worker's agents."""
+        return (sum(a.full_plans for a in self.agents),
+                sum(a.unchanged_plans for a in self.agents))
 
     def errors(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -208,33 +250,39 @@ class Worker:
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        await asyncio.gather(*(a.channel.close() for a in self.agents if a.channel),
-                             return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in self.channels), return_exceptions=True)
 
 
 def worker_main(conn: Connection, address: str, hosts: list[int], n_hosts: int, n_jobs: int,
-                seed: int, interval_s: float, poke_on_plan: bool, token: str = "") -> None:
-    """Entry point of a worker process (multiprocessing, spawn)."""
+                seed: int, interval_s: float, poke_on_plan: bool, token: str = "",
+                specs: list[JobSpec] | None = None, nics: tuple[int, float] | None = None,
+                per_channel: int = 1) -> None:
+    """Entry point of a worker process (multiprocessing, spawn). The jobs: `specs` (the
+    parts on `hosts` are used), else make_jobs(n_hosts, n_jobs, seed). nics: (NICs per
+    host, Gbps) the agents declare, else _workload's. per_channel: agents per channel."""
     import ctypes
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller stops us
     with contextlib.suppress(OSError, AttributeError):  # die with the controller
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-    asyncio.run(_serve(conn, address, hosts, n_hosts, n_jobs, seed, interval_s, poke_on_plan,
-                       token))
+    if specs is None:
+        specs = make_jobs(n_hosts, n_jobs, seed)
+    asyncio.run(_serve(conn, address, hosts, specs, interval_s, poke_on_plan, token, nics,
+                       per_channel))
 
 
-async def _serve(conn: Connection, address: str, hosts: list[int], n_hosts: int, n_jobs: int,
-                 seed: int, interval_s: float, poke_on_plan: bool, token: str) -> None:
+async def _serve(conn: Connection, address: str, hosts: list[int], specs: list[JobSpec],
+                 interval_s: float, poke_on_plan: bool, token: str,
+                 nics: tuple[int, float] | None, per_channel: int) -> None:
     mine = set(hosts)
     now_ms = int(time.time() * 1000)
     jobs: dict[int, list[Any]] = {}
-    for spec in make_jobs(n_hosts, n_jobs, seed):
+    for spec in specs:
         for h in spec.hosts:
             if h in mine:
                 jobs.setdefault(h, []).append(local_job_pb(spec, h, now_ms))
-    worker = Worker(address, hosts, jobs, interval_s, poke_on_plan)
+    worker = Worker(address, hosts, jobs, interval_s, poke_on_plan, nics, per_channel)
     for a in worker.agents:
         a.metadata = (("authorization", f"Bearer {token}"),) if token else ()
     loop = asyncio.get_running_loop()
@@ -246,11 +294,13 @@ async def _serve(conn: Connection, address: str, hosts: list[int], n_hosts: int,
                 break
             try:
                 if cmd == "connect":
-                    res: Any = await worker.connect()
+                    res: Any = await worker.connect(*(arg or ()))
                 elif cmd == "generations":
                     res = worker.generations()
                 elif cmd == "errors":
                     res = worker.errors()
+                elif cmd == "plans":
+                    res = worker.plans()
                 elif cmd == "flood":
                     res = await worker.flood(*arg)
                 elif cmd == "arrive":
