@@ -155,8 +155,9 @@ def _cap_declared(intensity: np.ndarray, declared: np.ndarray) -> None:
 
 def selection_order(ids: list[str], jobs: Intensities, tie_tolerance: float) -> list[int]:
     """Step 3's order: measured jobs first, then by intensity (ties by id)."""
-    tied = tie_groups(jobs.intensity, tie_tolerance)
-    return sorted(range(len(ids)), key=lambda i: (bool(jobs.declared[i]), tied[i], ids[i]))
+    keys = list(zip(jobs.declared.tolist(), tie_groups(jobs.intensity, tie_tolerance).tolist(),
+                    ids, strict=True))
+    return sorted(range(len(ids)), key=keys.__getitem__)
 
 
 def _select_paths(order: list[int], by_job: list[list[FlowPaths]], jobs: Intensities,
@@ -221,13 +222,12 @@ def _compress(usage: _LinkUsage, pr: Priorities, jobs: Intensities,
 
 def _job_decisions(ids: list[str], jobs: Intensities, pr: Priorities, level: np.ndarray,
                    dscp: tuple[int, ...]) -> tuple[JobDecision, ...]:
+    cols = zip(ids, jobs.intensity.tolist(), jobs.comm.tolist(), jobs.period.tolist(),
+               pr.k.tolist(), pr.priority.tolist(), pr.rank.tolist(), level.tolist(), strict=True)
     return tuple(sorted((
-        JobDecision(job=ids[i], intensity=float(jobs.intensity[i]), comm_s=float(jobs.comm[i]),
-                    period_s=float(jobs.period[i]), k=float(pr.k[i]),
-                    priority=float(pr.priority[i]), rank=int(pr.rank[i]),
-                    level=int(level[i]), dscp=dscp[int(level[i])],
-                    network=bool(jobs.comm[i] > 0))
-        for i in range(len(ids))), key=lambda d: d.rank))
+        JobDecision(job=i, intensity=intensity, comm_s=comm, period_s=period, k=k,
+                    priority=prio, rank=rank, level=lv, dscp=dscp[lv], network=comm > 0)
+        for i, intensity, comm, period, k, prio, rank, lv in cols), key=lambda d: d.rank))
 
 
 def _busiest(view: ClusterView, usage: _LinkUsage, top: int, ids: list[str]

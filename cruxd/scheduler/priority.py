@@ -43,11 +43,13 @@ def tie_groups(values: np.ndarray, tolerance: float = 0.0) -> np.ndarray:
     it. Measured figures differ by noise; jobs in one group are ordered by id, so noise
     does not decide their order, and re-plans do not swap them back and forth."""
     group = np.zeros(len(values), dtype=np.int64)
-    g, head = -1, None
-    for i in sorted(range(len(values)), key=lambda i: -values[i]):
-        if head is None or not values[i] >= head * (1.0 - tolerance):
-            g, head = g + 1, values[i]
-        group[i] = g
+    order = np.argsort(-np.asarray(values, dtype=np.float64), kind="stable")
+    g, head, out = -1, 0.0, []
+    for v in np.asarray(values, dtype=np.float64)[order].tolist():
+        if g < 0 or not v >= head * (1.0 - tolerance):
+            g, head = g + 1, v
+        out.append(g)
+    group[order] = out
     return group
 
 
@@ -90,8 +92,8 @@ def assign(ids: Sequence[str], intensity: np.ndarray, compute_s: np.ndarray,
     prio = k * intensity
     unverified = declared if declared is not None else np.zeros(n, dtype=bool)
     tied, by_intensity = tie_groups(prio, tie_tolerance), tie_groups(intensity, tie_tolerance)
-    order = sorted(range(n), key=lambda i: (bool(unverified[i]), tied[i], by_intensity[i],
-                                            ids[i]))
+    keys = list(zip(unverified.tolist(), tied.tolist(), by_intensity.tolist(), ids, strict=True))
+    order = sorted(range(n), key=keys.__getitem__)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     return Priorities(k=k, priority=prio, rank=rank, reference=ref)
