@@ -15,9 +15,10 @@ Plans: a HostPlan is either full (the host's decisions: `jobs`) or, with `unchan
 set, a watermark: generation G changes nothing on this host since `base_generation`,
 which it holds, and carries no jobs (the leader's delta fan-out). An agent holds
 generation G on either kind. A job counts as planned on a host only from a full plan
-that has it in a planned state; on an unchanged plan the host keeps its last full
-plan's decisions. An unchanged plan whose base is not the generation the agent holds
-is counted as a failure ("WatchPlan unchanged base mismatch") but still advances it.
+that has it in a planned state (planned_at); an unchanged plan changes nothing there:
+the host keeps its last full plan's decisions. An unchanged plan whose base is not the
+generation the agent holds is counted as a failure ("WatchPlan unchanged base
+mismatch") but still advances it.
 
 A worker process runs a few hundred of them on one asyncio loop and answers the
 controller's commands over a multiprocessing pipe. Timestamps are
@@ -54,7 +55,6 @@ class FakeAgent:
     seq: int = 0
     generation: int = 0
     gen_time: dict[int, float] = field(default_factory=dict)  # generation -> first seen
-    decisions: dict[str, int] = field(default_factory=dict)  # last full plan: job -> state
     full_plans: int = 0
     unchanged_plans: int = 0
     planned_at: dict[str, tuple[int, float]] = field(default_factory=dict)  # job -> (gen, t)
@@ -102,7 +102,6 @@ def on_plan(a: FakeAgent, msg: Any, now: float) -> None:
             a.fail("WatchPlan unchanged base mismatch")
     else:
         a.full_plans += 1
-        a.decisions = {d.job_id: d.state for d in msg.jobs}
         for d in msg.jobs:
             if d.state in PLANNED and d.job_id not in a.planned_at:
                 a.planned_at[d.job_id] = (gen, now)

@@ -252,10 +252,15 @@ def diagnose(b: Bench) -> None:
     """What the agents and the leader were doing when a phase gave up (stderr)."""
     from collections import Counter
 
+    for _, conn in b.workers:  # answers still due to the command that gave up
+        with contextlib.suppress(Exception):
+            while conn.poll(5.0):
+                conn.recv()
     with contextlib.suppress(Exception):
         print(f"    agents' failed RPCs so far: {b.errors_since({})}", file=sys.stderr)
         gens = b.generations()
         print(f"    generations the agents hold: {min(gens)}..{max(gens)}", file=sys.stderr)
+    with contextlib.suppress(Exception):
         st = b.status()
         states = Counter(lpb_state_name(j.state) for j in st.jobs)
         print(f"    leader: plan {st.plan_generation} ({1e3 * st.plan_latency_s:.0f} ms), "
