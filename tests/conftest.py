@@ -5,6 +5,9 @@ those, never this file."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,3 +40,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def examples() -> Path:
     return EXAMPLES
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory short enough for a Unix socket path (pytest's tmp_path may not be)."""
+    d = Path(tempfile.mkdtemp(prefix="crux-src-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

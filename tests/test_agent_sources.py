@@ -7,9 +7,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -121,14 +118,6 @@ class FixedProbing:
 
     def paths(self) -> tuple[PathTable, ...]:
         return (PathTable("h1", (ProbedPath(("leaf0", "h1"), (49152,)),)),)
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory short enough for a Unix socket path (pytest's tmp_path may not be)."""
-    d = Path(tempfile.mkdtemp(prefix="crux-src-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _config(d: Path, interval: float = 5.0) -> Config:

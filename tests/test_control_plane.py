@@ -88,7 +88,10 @@ def test_plan_reaches_tables_survives_leader_restart_and_drops_ended_jobs(rig) -
     assert big.traffic_class == big.dscp << 2
     # the ring's h0 -> h1 hop: an entry keyed by h1's address
     assert ("big", ADDR["h1"]) in h0
-    assert all(d.plan_generation == gen for d in h0.values())
+    # one plan decided h0's entries; later plans that left h0 alone advanced only the
+    # table's generation (their watermarks), so the entries keep the one that decided them
+    decided = {d.plan_generation for d in h0.values()}
+    assert len(decided) == 1 and decided.pop() <= gen
 
     doc = status(agents["h0"].socket)
     cluster = doc["cluster"]

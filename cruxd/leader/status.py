@@ -10,10 +10,10 @@ from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 
 if TYPE_CHECKING:
-    from cruxd.leader.service import Leader
+    from cruxd.leader.rpcs import LeaderRpcs
 
 
-def cluster_status(leader: Leader, hostname: str) -> cpb.ClusterStatus:
+def cluster_status(leader: LeaderRpcs, hostname: str) -> cpb.ClusterStatus:
     now = leader.clock()
     st = leader.state
     out = cpb.ClusterStatus(schema=convert.SCHEMA, leader_host=hostname,

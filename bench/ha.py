@@ -1,0 +1,121 @@
+"""Leader failover under `[leader] ha = "etcd"`, over many kills (the bound issue 19 sets:
+a new leader active, every agent following it, within 5 s).
+
+Protocol
+  * The rig of tests/test_ha_etcd.py (cruxd.testing.ha_rig): a real 3-member etcd
+    (Debian's etcd-server) on loopback, three leader candidates, --agents agent-only cruxd
+    processes with one crux-run job each; etcd_lease_s = --lease-s, agents'
+    report_interval_s 0.5 and reconnect_max_s 1.
+  * Each round: wait until the active leader plans every job and every agent holds that
+    generation; SIGKILL the active leader at t0; then poll (every 50 ms) the other two
+    candidates' Status and the agents' local status.
+      "elected"  = t0 -> a candidate reports ha_role "active";
+      "followed" = t0 -> every agent's link points at it and has reached it;
+      also whether the new leader serves the same generation, and whether any agent's
+      decisions changed (the table's entries, generation aside).
+    Then the killed candidate is started again (as a standby) for the next round.
+  * What bounds it: a dead leader's key goes when its lease does (lease TTL after its
+    last keep-alive, sent every TTL/3), standbys campaign every 0.5 s, agents ask etcd
+    at most 1 s apart while their leader fails.
+
+    .venv/bin/python bench/ha.py [--kills 20] [--agents 4] [--lease-s 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# bench/ is on sys.path when run as a script
+from tables import preamble, table
+
+from cruxd.testing.etcd_rig import etcd_missing
+from cruxd.testing.ha_rig import HaRig
+
+
+def _poll(check, timeout: float, every: float = 0.05):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = check()
+        if got:
+            return got, time.monotonic()
+        time.sleep(every)
+    raise TimeoutError
+
+
+def one_kill(rig: HaRig, jobs: int) -> dict[str, object]:
+    active = rig.active()
+    assert active is not None
+    before = rig.settled(active, jobs)
+    tables = rig.tables()
+    others = [d for d in rig.leaders if d is not active]
+    active.send(signal.SIGKILL)
+    t0 = time.monotonic()
+    new, t_elected = _poll(lambda: rig.active(others), 30)
+    _, t_followed = _poll(lambda: len(rig.followers_of(new)) == len(rig.agents), 30)
+    s = rig.status(new)
+    assert active.proc is not None
+    active.proc.wait()
+    active.proc = None
+    row = {"elected_s": t_elected - t0, "followed_s": t_followed - t0,
+           "same_generation": s is not None and s.plan_generation == before.plan_generation,
+           "tables_unchanged": rig.tables() == tables}
+    active.start()  # back as a standby for the next round
+    _poll(lambda: (st := rig.status(active)) is not None and st.ha_role == "standby", 30)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--agents", type=int, default=4)
+    ap.add_argument("--lease-s", type=float, default=2.0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if (why := etcd_missing()) is not None:
+        print(f"bench/ha.py: {why}", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="crux-ha-") as tmp:
+        rig = HaRig(Path(tmp), agents_n=args.agents, lease_s=args.lease_s)
+        try:
+            rig.start()
+            for i in range(args.kills):
+                rows.append(one_kill(rig, args.agents))
+                print(f"kill {i + 1}/{args.kills}: elected {rows[-1]['elected_s']:.2f} s, "
+                      f"followed {rows[-1]['followed_s']:.2f} s", file=sys.stderr, flush=True)
+        finally:
+            rig.stop()
+    elected = [float(r["elected_s"]) for r in rows]  # type: ignore[arg-type]
+    followed = [float(r["followed_s"]) for r in rows]  # type: ignore[arg-type]
+    summary = {"kills": len(rows), "agents": args.agents, "lease_s": args.lease_s,
+               "elected_median_s": statistics.median(elected), "elected_max_s": max(elected),
+               "followed_median_s": statistics.median(followed),
+               "followed_max_s": max(followed),
+               "same_generation": sum(bool(r["same_generation"]) for r in rows),
+               "tables_unchanged": sum(bool(r["tables_unchanged"]) for r in rows)}
+    if args.json:
+        print(json.dumps({"summary": summary, "kills": rows}, indent=2))
+        return 0
+    preamble()
+    n = len(rows)
+    print(table(["quantity", "median", "max", "target"], [
+        ["kill -> new leader active", f"{summary['elected_median_s']:.2f} s",
+         f"{summary['elected_max_s']:.2f} s", ""],
+        ["kill -> every agent following", f"{summary['followed_median_s']:.2f} s",
+         f"{summary['followed_max_s']:.2f} s", "5 s"],
+        ["same generation after failover", f"{summary['same_generation']} of {n}", "", f"{n}"],
+        ["no decision changed", f"{summary['tables_unchanged']} of {n}", "", f"{n}"]]))
+    print(f"# {n} SIGKILLs of the active leader; {args.agents} agents; etcd_lease_s "
+          f"{args.lease_s:g}; 3 etcd members, 3 candidates on loopback")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

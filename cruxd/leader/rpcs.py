@@ -1,0 +1,162 @@
+"""The leader's RPCs (crux.v1.Leader), over the state the Leader in service.py keeps.
+
+A standby (HA) answers Status only; the rest it refuses, naming the active leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from cruxd.config.model import Config
+from cruxd.control.cluster import ClusterState
+from cruxd.control.validate import InvalidMessage, check_host_id, check_report
+from cruxd.hints.formats import FORMATS
+from cruxd.leader.auth import LEADER_TRAILER, Gate
+from cruxd.leader.status import cluster_status
+from cruxd.rpc import convert
+from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
+from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
+
+if TYPE_CHECKING:
+    from cruxd.control.host_plans import PublishedPlan
+    from cruxd.leader.fanout import FanOut
+    from cruxd.leader.hint_service import LeaderHints
+
+LOG = logging.getLogger("cruxd.leader.service")  # the service's log, as before the split
+
+
+class LeaderRpcs(lgrpc.LeaderServicer):
+    """The RPC half of cruxd.leader.service.Leader (which sets these)."""
+
+    config: Config
+    state: ClusterState
+    plan: PublishedPlan | None
+    gate: Gate
+    hints: LeaderHints
+    role: str
+    address: str
+    term: int
+    active_leader: str
+    not_publishing: str
+    max_jobs: int
+    max_jobs_per_host: int
+    watchers: int
+    clock: Callable[[], float]
+    _on_reject: Callable[[str, str], None]
+    _unheard: set[str]
+    _published: asyncio.Event
+    _task: asyncio.Task[None] | None
+
+    def _event(self, *causes: str) -> None:
+        raise NotImplementedError
+
+    def fanout(self) -> FanOut | None:
+        raise NotImplementedError
+
+    async def _reject(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str,
+                      exc: InvalidMessage) -> None:
+        self._on_reject(rpc, exc.field.split("[")[0].split(".")[0])
+        LOG.warning("%s rejected from %s: %s", rpc, context.peer(), exc)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def _refuse_standby(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """A standby serves Status only; the rest it refuses, naming the active leader
+        (also in the `crux-leader` trailer, where agents follow it)."""
+        if self.role != "standby":
+            return
+        active = self.active_leader
+        context.set_trailing_metadata(((LEADER_TRAILER, active),))
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"standby leader; the active leader is {active or 'not elected yet'}")
+
+    async def Report(self, request: lpb.AgentReport,
+                     context: grpc.aio.ServicerContext[Any, Any]) -> lpb.ReportAck:
+        await self.gate.check(context, "Report", request.host.host_id)
+        await self._refuse_standby(context)
+        try:
+            report = check_report(convert.report_from_pb(request), self.max_jobs_per_host)
+        except InvalidMessage as exc:
+            await self._reject(context, "Report", exc)
+            raise  # abort raised already; keeps type checkers honest
+        new = {j.job_id for j in report.jobs} - self.state.jobs.keys()
+        if new:  # counting is O(jobs): only when the report would add some
+            live_jobs = sum(1 for j in self.state.jobs.values() if j.expired_at is None)
+            if live_jobs + len(new) > self.max_jobs:
+                await self._reject(context, "Report", InvalidMessage(
+                    "jobs", f"leader.max_jobs ({self.max_jobs}) reached"))
+        self._unheard.discard(report.host.host_id)
+        self._event(*self.state.ingest(report, self.clock()))
+        self.hints.observe(report)
+        return lpb.ReportAck(plan_generation=self.plan.generation if self.plan else 0,
+                             agent_timeout_s=self.config.leader.agent_timeout_s)
+
+    async def WatchPlan(self, request: lpb.WatchRequest,
+                        context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+        await self.gate.check(context, "WatchPlan", request.host_id)
+        await self._refuse_standby(context)
+        try:
+            host = check_host_id(request.host_id)
+        except InvalidMessage as exc:
+            await self._reject(context, "WatchPlan", exc)
+            return
+        have = request.have_generation
+        self.watchers += 1
+        try:
+            while True:
+                published = self._published
+                wire = self.fanout()
+                if wire is not None and wire.plan.generation != have:
+                    yield wire.message(host, have)
+                    have = wire.plan.generation
+                await published.wait()
+                if self._task is None or self._task.done():
+                    return  # shutting down, or stepped down: agents look for the leader
+        finally:
+            self.watchers -= 1
+
+    async def Status(self, request: lpb.StatusRequest,
+                     context: grpc.aio.ServicerContext[Any, Any]) -> cpb.ClusterStatus:
+        await self.gate.check(context, "Status")
+        return cluster_status(self, socket.gethostname())
+
+    async def GetPlan(self, request: lpb.PlanRequest,
+                      context: grpc.aio.ServicerContext[Any, Any]) -> cpb.PlanDocument:
+        await self.gate.check(context, "GetPlan")
+        await self._refuse_standby(context)
+        if self.plan is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no plan yet (no agent reported)")
+            raise AssertionError("unreachable")
+        doc = {"generation": self.plan.generation, "planned_unix_ms": self.plan.planned_unix_ms,
+               "causes": list(self.plan.causes), "topology": self.plan.topology,
+               "plan": self.plan.plan_document()}
+        if doc["plan"] is None and self.plan.jobs:
+            doc["note"] = ("the scheduler's full plan is not kept across a leader restart; it "
+                           "returns with the next plan (decisions: cruxctl status)")
+        return cpb.PlanDocument(generation=self.plan.generation,
+                                json=json.dumps(doc, allow_nan=False))
+
+    async def GetHints(self, request: cpb.HintsRequest,
+                       context: grpc.aio.ServicerContext[Any, Any]) -> cpb.HintsDocument:
+        await self.gate.check(context, "GetHints")
+        await self._refuse_standby(context)
+        if request.format not in FORMATS:
+            await self._reject(context, "GetHints", InvalidMessage(
+                "format", f"unknown format {request.format!r}; formats: {', '.join(FORMATS)}"))
+        got = await asyncio.to_thread(self.hints.render, request.format)
+        if got is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no agent has reported yet")
+            raise AssertionError("unreachable")
+        return cpb.HintsDocument(format=got.format, version=got.version,
+                                 media_type=got.media_type, text=got.text,
+                                 plan_generation=self.plan.generation if self.plan else 0,
+                                 generated_unix_ms=int(self.clock() * 1000))
+
+
