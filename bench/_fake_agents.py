@@ -3,9 +3,9 @@ bench/_workload.py).
 
 A simulated agent is what a real `cruxd` agent looks like to the leader: one
 WatchPlan stream (opened with the generation it holds), a Report at start, one
-every `report_interval_s` (jittered), and one right after every plan it receives
+every `report_interval_s` (jittered), and one right after every full plan it receives
 (the real agent pokes its report loop when it applies a plan, to tell the leader
-which generation its table holds). By default each agent has its own gRPC channel and
+which generation its table holds; a watermark waits for the next periodic report). By default each agent has its own gRPC channel and
 TCP connection (a local subchannel pool), as separate hosts would; `per_channel` > 1
 multiplexes that many agents on one channel (one TCP connection; still one WatchPlan
 stream and one Report call at a time per agent), for when one connection per agent
@@ -156,7 +156,7 @@ class Worker:
             try:
                 async for msg in call:
                     on_plan(a, msg, time.monotonic())
-                    if self.poke_on_plan:
+                    if self.poke_on_plan and not msg.unchanged:
                         a.poke.set()
             except grpc.aio.AioRpcError as exc:
                 a.fail(f"WatchPlan {exc.code().name}")

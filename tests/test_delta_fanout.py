@@ -5,12 +5,13 @@ when a watermark does not build on what they hold."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cruxd.agent.core import Agent
+from cruxd.agent.core import Agent, plan_decisions
 from cruxd.control.host_plans import PublishedPlan
 from cruxd.control.plan_delta import carry_changes, changed_hosts
 from cruxd.control.records import HostPlan, JobAssignment, JobState, PeerRoute
@@ -23,8 +24,12 @@ HOSTS = ("h0", "h1", "h2", "h3", "h4")
 
 
 def _content(plan: PublishedPlan, host: str) -> tuple[object, ...]:
+    """What the host's agent acts on: its table, the profiled jobs, the peers to probe."""
     hp = plan.for_host(host)
-    return hp.levels, hp.jobs, hp.reprobe
+    table = {replace(d, plan_generation=0) for d in plan_decisions(hp)}
+    profiled = {a.job_id for a in hp.jobs if a.state is JobState.PROFILING}
+    routes = {(a.job_id, a.routes) for a in hp.jobs}
+    return hp.levels, table, profiled, routes, hp.reprobe
 
 
 @st.composite
@@ -42,8 +47,13 @@ def plans(draw: st.DrawFn) -> list[PublishedPlan]:
                                         unique=True)))
             level = draw(st.integers(0, 3))
             route = PeerRoute(hosts[0], hosts[-1], ("10.0.0.9",), 49152 + level)
-            jobs[jid] = JobAssignment(jid, JobState.SCHEDULED, level=level, dscp=8 * level,
+            state = draw(st.sampled_from((JobState.SCHEDULED, JobState.PROFILING)))
+            jobs[jid] = JobAssignment(jid, state, level=level, dscp=8 * level,
                                       hosts=hosts, routes=(route,))
+        for jid in draw(st.lists(st.sampled_from(sorted(jobs)), max_size=3)) if jobs else ():
+            # what only the leader shows moves on every arrival: not a change for agents
+            jobs[jid] = replace(jobs[jid], rank=draw(st.integers(0, 9)),
+                                k=draw(st.floats(0.5, 2)), intensity=draw(st.floats(1, 9)))
         levels = draw(st.sampled_from((4, 4, 4, 3)))
         reprobe = {h: ("h9",) for h in draw(st.lists(st.sampled_from(HOSTS), max_size=1))}
         out.append(PublishedPlan(gen, gen * 1000, levels, tuple(jobs.values()),
@@ -111,7 +121,7 @@ def test_agent_advances_on_watermarks_and_refuses_older_terms(short_dir: Path) -
         assert agent.apply_plan(HostPlan(9, "h0", 0, 4, (b,), term=6))
         with TableReader(agent.config.agent.decision_table) as t:
             assert t.header().plan_generation == 6 and t.snapshot() == before
-        assert agent.stale_refused == 1 and len(pokes) == 2
+        assert agent.stale_refused == 1 and len(pokes) == 1  # the full plan's report only
     finally:
         agent.table.close()
         agent.registry.close()

@@ -31,7 +31,9 @@ def write_atomic(path: Path, doc: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w") as f:
-            json.dump(doc, f, separators=(",", ":"), allow_nan=False)
+            # dumps, not dump: dump streams through json's pure-Python encoder, which
+            # held the GIL for seconds per save at 10,000 agents (bench/control_plane.py)
+            f.write(json.dumps(doc, separators=(",", ":"), allow_nan=False))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -152,11 +152,38 @@ def fabric_for(inputs: PlanInputs, topology: Topology | None, config: LeaderPlan
     return found.topology, found.paths, True
 
 
+class JobMemo:
+    """The scheduler's Job for each merged job, kept while the job, the fabric and (on a
+    discovered fabric) which of its ring's pairs are probed stay the same: rebuilding all
+    5,000 took 150 ms of every re-plan, and the same Job objects let the IncrementalPlanner
+    compare them by identity."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, tuple[MergedJob, Topology, object, Job | None, str]] = {}
+
+    def as_job(self, m: MergedJob, topo: Topology,
+               probed: Mapping[tuple[str, str], object] | None) -> tuple[Job | None, str]:
+        hosts = tuple(h for h, _ in m.hosts)
+        key = None if probed is None else tuple(p in probed for p in _ring_pairs(hosts))
+        got = self._jobs.get(m.job_id)
+        if got is not None and got[1] is topo and got[2] == key and got[0] == m:
+            return got[3], got[4]
+        job, note = _as_job(m, topo, probed)
+        self._jobs[m.job_id] = (m, topo, key, job, note)
+        return job, note
+
+    def keep(self, job_ids: set[str]) -> None:
+        for jid in self._jobs.keys() - job_ids:
+            del self._jobs[jid]
+
+
 def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanConfig,
               generation: int, now: float, causes: tuple[str, ...] = (), *,
-              planner: IncrementalPlanner | None = None) -> PublishedPlan:
+              planner: IncrementalPlanner | None = None,
+              jobs: JobMemo | None = None) -> PublishedPlan:
     """`planner`: the leader's IncrementalPlanner (the same plan, re-computing only what
-    changed since its last call; one plan at a time); None plans from scratch."""
+    changed since its last call; one plan at a time); None plans from scratch. `jobs`:
+    the leader's JobMemo, likewise."""
     topo, paths, discovered = fabric_for(inputs, topology, config)
     levels = config.planner.levels
     dscp = config.planner.dscp_values()
@@ -169,8 +196,11 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
 
     plannable: list[Job] = []
     notes: dict[str, str] = {}
+    build = jobs.as_job if jobs is not None else _as_job
+    if jobs is not None:
+        jobs.keep({m.job_id for m in merged})
     for m in merged:
-        job, note = _as_job(m, topo, paths if discovered else None)
+        job, note = build(m, topo, paths if discovered else None)
         if job is None:
             notes[m.job_id] = note
         else:

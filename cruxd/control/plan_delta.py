@@ -7,9 +7,13 @@ watermark (HostPlan.unchanged) that advances its generation. For that, each plan
 per host, the generation at which its decisions last changed; what is not listed last
 changed at the plan's `since`, the generation from which the record is complete.
 
-A host's decisions are its jobs' assignments (JobAssignment.for_host of each job with a
-process there), the plan's levels and its reprobe list. A changed assignment marks every
-host of the job, which is conservative: another host's routes may be the same.
+A host's decisions are what its agent acts on: per job with a process there, its state
+(profiling or not), level, DSCP and routes; the plan's levels; its reprobe list. A job's
+rank, k_j, I_j and note are the leader's to show (cruxctl status asks it), not the
+agent's to apply: an arrival shifts every rank below it, and marking hosts for that sent
+nearly every host its whole plan on each arrival (bench/control_plane.py: 11,478 of 12,000).
+A changed decision marks every host of the job, which is conservative: another host's
+routes may be the same.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def carry_changes(old: PublishedPlan | None, new: PublishedPlan) -> PublishedPla
     after = {a.job_id: a for a in new.jobs}
     for job_id in before.keys() | after.keys():
         a, b = before.get(job_id), after.get(job_id)
-        if a != b:
+        if _decides(a) != _decides(b):
             for host in _hosts(a) | _hosts(b):
                 changed[host] = gen
     for host in old.reprobe.keys() | new.reprobe.keys():
@@ -45,6 +49,10 @@ def changed_hosts(old: PublishedPlan, new: PublishedPlan) -> set[str]:
     if new.since == new.generation:
         return {h for a in (*old.jobs, *new.jobs) for h in a.hosts} | set(new.reprobe) | {"*"}
     return {h for h, g in new.changed_at.items() if g == new.generation}
+
+
+def _decides(a: JobAssignment | None) -> tuple[object, ...] | None:
+    return None if a is None else (a.state, a.level, a.dscp, a.hosts, a.routes)
 
 
 def _hosts(a: JobAssignment | None) -> set[str]:
