@@ -1,15 +1,15 @@
 """Simulated crux agents for bench/control_plane.py: the worker processes (their workload:
 bench/_workload.py).
 
-A simulated agent is what a real `cruxd` agent looks like to the leader: one
-WatchPlan stream (opened with the generation it holds), a Report at start, one
-every `report_interval_s` (jittered), and one right after every full plan it receives
-(the real agent pokes its report loop when it applies a plan, to tell the leader
-which generation its table holds; a watermark waits for the next periodic report). By default each agent has its own gRPC channel and
-TCP connection (a local subchannel pool), as separate hosts would; `per_channel` > 1
-multiplexes that many agents on one channel (one TCP connection; still one WatchPlan
-stream and one Report call at a time per agent), for when one connection per agent
-does not fit the machine the benchmark runs on.
+A simulated agent is what a real `cruxd` agent looks like to the leader: one WatchPlan
+stream (opened with the generation it holds), a Report at start, one every
+`report_interval_s` (jittered), and one right after every full plan it receives (the
+real agent pokes its report loop when it applies a plan, to tell the leader which
+generation its table holds; a watermark waits for the next periodic report). By default
+each agent has its own gRPC channel and TCP connection (a local subchannel pool), as
+separate hosts would; `per_channel` > 1 multiplexes that many agents on one channel (one
+TCP connection; still one WatchPlan stream and one Report call at a time per agent), for
+when one connection per agent does not fit the machine the benchmark runs on.
 
 Plans: a HostPlan is either full (the host's decisions: `jobs`) or, with `unchanged`
 set, a watermark: generation G changes nothing on this host since `base_generation`,

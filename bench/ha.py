@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--agents", type=int, default=4)
-    ap.add_argument("--lease-s", type=float, default=2.0)
+    ap.add_argument("--lease-s", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if (why := etcd_missing()) is not None:

@@ -44,6 +44,7 @@ def parse_ha(s: Section, listen: str) -> dict[str, Any]:
                       "no address another host can dial: agents are told to dial it")
     return {"ha": "" if ha == "none" else ha, "etcd_endpoints": endpoints,
             "etcd_prefix": prefix,
-            # etcd refuses leases shorter than its election timeout's 1.5 times (1.5 s)
-            "etcd_lease_s": s.number("etcd_lease_s", 5.0, Range(2, 600)),
+            # etcd counts leases in whole seconds, and refuses them shorter than its
+            # election timeout's 1.5 times (1.5 s with its defaults)
+            "etcd_lease_s": s.integer("etcd_lease_s", 3, Range(2, 600)),
             **files, "advertise": advertise or ""}

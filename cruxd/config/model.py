@@ -114,7 +114,7 @@ class LeaderConfig:
     ha: str = ""
     etcd_endpoints: tuple[str, ...] = ()  # host:port of the etcd members (client URLs)
     etcd_prefix: str = "/crux"  # keys: <prefix>/leader, /generation, /state
-    etcd_lease_s: float = 5.0  # a dead leader is replaced about this long after it died
+    etcd_lease_s: int = 3  # a dead leader is replaced about this long after it died
     etcd_ca: Path | None = None  # TLS to etcd: all three, or none
     etcd_cert: Path | None = None
     etcd_key: Path | None = None

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ class Election:
         p = config.etcd_prefix
         self.key, self.gen_key, self.plan_key, self.state_key = (
             f"{p}/{k}".encode() for k in ("leader", "generation", "plan", "state"))
-        self.ttl = math.ceil(config.etcd_lease_s)
+        self.ttl = config.etcd_lease_s
         self.me = json.dumps({"address": address, "host": host}).encode()
         self.lease: Any = None
         self.term = 0

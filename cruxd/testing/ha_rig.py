@@ -25,7 +25,7 @@ from transport.decision_table import TableReader
 class HaRig:
     root: Path
     agents_n: int = 4
-    lease_s: float = 2.0
+    lease_s: int = 2
     etcd: EtcdCluster = field(init=False)
     token: str = field(default_factory=lambda: secrets.token_hex(32))
     leaders: list[Daemon] = field(default_factory=list)
