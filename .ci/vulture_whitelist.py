@@ -9,6 +9,11 @@ it stays; a name that is really dead goes from the code, not into this file. Nev
 """
 
 # Called by a framework, not by our code.
+_.kvstub  # cruxd/leader/etcd.py: aetcd's Client methods call its stubs; our connect() sets them
+_.clusterstub  # cruxd/leader/etcd.py: as above
+_.leasestub  # cruxd/leader/etcd.py: as above
+_.maintenancestub  # cruxd/leader/etcd.py: as above
+_._watcher  # cruxd/leader/etcd.py: aetcd's watch() and close() use it
 __getattr__  # cruxd/scheduler/__init__.py: PEP 562 lazy module attributes (plan, PlanConfig)
 _.collect  # cruxd/daemon/exporter.py: prometheus_client's Collector protocol
 fields_desc  # probing/int_md.py: scapy's layer declaration

@@ -88,6 +88,8 @@ class LeaderLink:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._closing is not None:  # the channel of a leader followed away from
+            await asyncio.gather(self._closing, return_exceptions=True)
         if self._channel is not None:
             try:
                 await asyncio.wait_for(self._channel.close(grace=None), 2.0)
