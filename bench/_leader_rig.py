@@ -35,6 +35,10 @@ SCHEDULED = (1, 2)  # JobState PROFILING, SCHEDULED (status shows QUEUED: not in
 
 # --- processes --------------------------------------------------------------------
 
+# the leader's Status lists every agent and job: more than gRPC's default 4 MB at 10,000
+STATUS_MAX_BYTES = 512 << 20
+
+
 class Bench:
     """Every process the benchmark starts, so that all of them are stopped. Children die
     with the benchmark (cruxd.testing's die_with_parent)."""
@@ -51,13 +55,18 @@ class Bench:
         self.stub: lgrpc.LeaderStub | None = None
 
     # lifecycle -------------------------------------------------------------------
+    # what the shapes differ in (bench/_real_rig.py overrides these)
+    nics = NICS_PER_HOST
+
+    def topology_document(self) -> dict[str, Any]:
+        hosts = self.args.agents + 1
+        return {"builder": "clos2", "tors": math.ceil(hosts / HOSTS_PER_TOR), "aggs": AGGS,
+                "hosts_per_tor": HOSTS_PER_TOR, "nics_per_host": NICS_PER_HOST,
+                "nic_gbps": 100}
+
     def start_leader(self) -> None:
-        a = self.args
-        hosts = a.agents + 1
         topo = self.tmp / "topology.json"
-        topo.write_text(json.dumps({"builder": "clos2", "tors": math.ceil(hosts / HOSTS_PER_TOR),
-                                    "aggs": AGGS, "hosts_per_tor": HOSTS_PER_TOR,
-                                    "nics_per_host": NICS_PER_HOST, "nic_gbps": 100}))
+        topo.write_text(json.dumps(self.topology_document()))
         self.address = f"127.0.0.1:{free_port()}"
         d = Daemon(self.tmp, "leader", {
             "daemon": {"roles": ["leader"], "log_level": "warning"},
@@ -65,9 +74,10 @@ class Bench:
                        "profiling_s": 0, "agent_timeout_s": 120}}, die_with_parent=True)
         self.leader = self._started(d, "leader.log")
         self.token_file = d.root / "state" / "leader.token"
-        self.channel = grpc.insecure_channel(self.address)
+        self.channel = grpc.insecure_channel(
+            self.address, options=[("grpc.max_receive_message_length", STATUS_MAX_BYTES)])
         try:
-            grpc.channel_ready_future(self.channel).result(timeout=30)
+            grpc.channel_ready_future(self.channel).result(timeout=60)
         except grpc.FutureTimeoutError:
             raise RuntimeError(f"leader did not listen on {self.address}: "
                                f"{self.log_tail('leader.log')}") from None
@@ -81,7 +91,7 @@ class Bench:
         d = Daemon(self.tmp, "agent", {
             "daemon": {"roles": ["agent"], "host_id": host_id(me), "log_level": "warning"},
             "agent": {"leader": self.address, "leader_token": str(self.token_file),
-                      "addresses": [nic_address(me, p) for p in range(NICS_PER_HOST)],
+                      "addresses": [nic_address(me, p) for p in range(self.nics)],
                       "gpus": 8, "socket": str(run / "agent.sock"),
                       "decision_table": str(run / "decisions")}}, die_with_parent=True)
         return self._started(d, "agent.log"), d.socket
@@ -109,21 +119,26 @@ class Bench:
 
     def start_workers(self) -> list[list[int]]:
         a = self.args
-        ctx = mp.get_context("spawn")
         ranges = [list(r) for r in np.array_split(np.arange(a.agents), a.workers)]
         ranges = [[int(h) for h in r] for r in ranges]
-        for hosts in ranges:
+        self.spawn_workers([(hosts, a.agents, a.jobs, a.seed, a.report_interval, True,
+                             self.token) for hosts in ranges])
+        return ranges
+
+    def spawn_workers(self, args: list[tuple[Any, ...]]) -> None:
+        """One worker process per tuple (worker_main's arguments after the pipe and the
+        leader's address); returns once every one has said it is up."""
+        ctx = mp.get_context("spawn")
+        for worker_args in args:
             mine, theirs = ctx.Pipe()
             p = ctx.Process(target=worker_main, daemon=True,
-                            args=(theirs, self.address, hosts, a.agents, a.jobs, a.seed,
-                                  a.report_interval, True, self.token))
+                            args=(theirs, self.address, *worker_args))
             p.start()
             self.workers.append((p, mine))
         for _, conn in self.workers:
             if not conn.poll(120):
                 raise RuntimeError("a worker process did not start")
             conn.recv()
-        return ranges
 
     def stop(self) -> None:
         for _, conn in self.workers:

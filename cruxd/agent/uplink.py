@@ -113,7 +113,15 @@ class LeaderLink:
         self._failures += 1
         target = None
         if exc.code() is grpc.StatusCode.FAILED_PRECONDITION:  # a standby names the leader
-            target = dict(exc.trailing_metadata() or ()).get(LEADER_TRAILER) or None
+            named = dict(exc.trailing_metadata() or ()).get(LEADER_TRAILER)
+            # only a configured leader: a redirect elsewhere would take the bearer token
+            # (and the host's reports) to whoever answered
+            if named in self._candidates:
+                target = named
+            elif named:
+                LOG.warning("leader %s names %.80r as the active leader, which is not in "
+                            "agent.leader or agent.leader_fallback; not followed",
+                            self.address, named)
         if target is None and self._resolve is not None:
             with contextlib.suppress(Exception):  # etcd down too: the list, below
                 target = await self._resolve()

@@ -1,0 +1,59 @@
+"""Where an agent goes when its leader fails (HA): a standby's redirect, but only to a
+configured leader; etcd's record; else the configured leaders in turn."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from grpc.aio import AioRpcError, Metadata
+
+from cruxd.agent.uplink import LeaderLink
+from cruxd.config.model import TlsConfig
+from cruxd.control.records import AgentReport
+
+NO_TLS = TlsConfig(None, None, None, None)
+
+
+def _link(resolve: object = None) -> LeaderLink:
+    def report() -> AgentReport:
+        raise AssertionError("not called")
+    return LeaderLink("10.0.0.1:7470", NO_TLS, "h0", report, lambda hp: True, 1.0, 1.0,
+                      lambda: 0, fallback=("10.0.0.2:7470", "10.0.0.3:7470"),
+                      resolve=resolve)  # type: ignore[arg-type]
+
+
+def _refused(named: str) -> AioRpcError:
+    return AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, Metadata(),
+                       Metadata(("crux-leader", named)), "standby leader")
+
+
+def test_redirects_only_to_configured_leaders() -> None:
+    async def run() -> list[str]:
+        link = _link()
+        seen = []
+        for named in ("10.0.0.3:7470", "203.0.113.9:7470"):
+            await link._follow(_refused(named))
+            seen.append(link.address)
+        await link.stop()
+        return seen
+    # the second redirect names a host nobody configured: the agent stays (and does not
+    # hand it the bearer token)
+    assert asyncio.run(run()) == ["10.0.0.3:7470", "10.0.0.3:7470"]
+
+
+def test_etcd_first_then_the_list_in_turn() -> None:
+    async def run() -> list[str]:
+        answers = iter(["10.0.0.2:7470", None, None])
+
+        async def resolve() -> str | None:
+            return next(answers)
+        link = _link(resolve)
+        down = AioRpcError(grpc.StatusCode.UNAVAILABLE, Metadata(), Metadata(), "refused")
+        seen = []
+        for _ in range(3):  # etcd names .2; then no record: the list after two failures
+            await link._follow(down)
+            seen.append(link.address)
+        await link.stop()
+        return seen
+    assert asyncio.run(run()) == ["10.0.0.2:7470", "10.0.0.2:7470", "10.0.0.3:7470"]
