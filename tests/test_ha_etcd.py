@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cruxd.testing import crux_run, wait_for
+from cruxd.testing import crux_run, cruxctl, status, wait_for
 from cruxd.testing.etcd_rig import etcd_missing
 from cruxd.testing.ha_rig import HaRig
 from cruxd.testing.rig import Daemon
@@ -66,6 +66,10 @@ def test_leader_failover_pause_and_etcd_faults(rig: HaRig) -> None:
              lambda: len(rig.followers_of(second)) == 4, 15)
     followed = time.monotonic() - killed
     assert rig.tables() == tables and rig.generations() == {before.plan_generation}
+    doc = status(rig.agents[0].socket)["cluster"]  # what an operator sees, via an agent
+    assert (doc["ha_role"], int(doc["term"])) == ("active", s.term)
+    human = cruxctl("status", socket_path=rig.agents[0].socket).stdout
+    assert f"HA: active, term {s.term}" in human, human
     print(f"\nfailover after SIGKILL: new leader active in {took_over:.2f} s, every agent "
           f"following in {followed:.2f} s (lease {LEASE_S} s)")
 

@@ -69,6 +69,13 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
                   f"{_age(now - planned) if planned else 'never'} ago, latency "
                   f"{cluster.plan_latency_s * 1000:.1f} ms, {cluster.levels} levels, "
                   f"fabric {cluster.topology or '-'}")
+    if cluster.ha_role:
+        active = ("" if cluster.ha_role == "active"
+                  else f"; active leader: {cluster.active_leader or 'none elected'}")
+        console.print(f"  HA: {cluster.ha_role}, term {cluster.term}{active}")
+    if cluster.not_publishing:
+        console.print(f"[yellow]  not publishing plans: {cluster.not_publishing} (agents keep "
+                      "their last plan)[/]")
     if cluster.plan_causes:
         causes = list(cluster.plan_causes)
         more = f" (+{len(causes) - 4} more)" if len(causes) > 4 else ""

@@ -54,15 +54,20 @@ class Election:
         self.term = 0
         self.holder: Holder | None = None  # who holds the key, as last seen
         self.error = ""  # the last etcd error, "" once a call succeeds
+        self.on_error: Callable[[str], None] = lambda error: None  # hears `error` change
 
     async def _ok(self) -> None:
-        self.error = ""
+        if self.error:
+            LOG.info("etcd reachable again")
+            self.error = ""
+            self.on_error("")
 
     def _failed(self, what: str, exc: Exception) -> None:
         msg = f"etcd {what}: {exc}"
         if msg != self.error:
             LOG.warning("%s", msg)
-        self.error = msg
+            self.error = msg
+            self.on_error(msg)
 
     async def win(self, poll_s: float, seen: Callable[[Holder | None], None]) -> int:
         """Campaign until this candidate holds the key; its term. `seen` hears who holds

@@ -34,6 +34,7 @@ class Candidate:
         leader.role = "standby"
         leader.fence = self._fence
         leader.saver = self._save
+        self.election.on_error = self._etcd_error
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="election")
@@ -73,6 +74,12 @@ class Candidate:
             await leader.deactivate()
             if not hold.done() or el.lease is not None:
                 await el.resign()
+
+    def _etcd_error(self, error: str) -> None:
+        """While active: etcd unreachable (or without quorum) means no plan can be
+        recorded, so none is published; Status says so before the next plan tries."""
+        if self.leader.role == "active":
+            self.leader.not_publishing = error
 
     def _seen(self, holder: Holder | None) -> None:
         """While standby: who is active, for Status and for the refusals' redirect."""

@@ -82,6 +82,7 @@ class Leader(LeaderRpcs):
         self.fence: Callable[[PublishedPlan], Awaitable[str | None]] | None = None
         self._unheard: set[str] = set()  # HA, just elected: agents yet to report
         self._settle_until = 0.0
+        self._retrying = False  # HA: plans are failing to be recorded (not_publishing)
         self.saver: Callable[[dict[str, object]], Awaitable[None]] | None = None
         self._fanout: FanOut | None = None
         # what the last plan computed, reused where an event cannot change it; used from
@@ -240,14 +241,16 @@ class Leader(LeaderRpcs):
         if self.fence is not None:
             why = await self.fence(plan)
             if why is not None:
-                log = LOG.error if why != self.not_publishing else LOG.debug  # once a cause
-                self.not_publishing = why
+                log = LOG.debug if self._retrying else LOG.error  # once, not every retry
+                self.not_publishing, self._retrying = why, True
                 log("plan %d not published: %s; agents keep plan %s", gen, why,
-                          self.plan.generation if self.plan else "none")
+                    self.plan.generation if self.plan else "none")
                 self._causes = [*causes, *self._causes]  # retried: next event, or in 1 s
                 asyncio.get_running_loop().call_later(1.0, self._wake.set)
                 return
-            self.not_publishing = ""
+            if self._retrying:
+                LOG.info("publishing again (plan %d)", gen)
+            self.not_publishing, self._retrying = "", False
         else:
             await asyncio.to_thread(self._mark_published, gen)
         self.plan = plan
