@@ -40,8 +40,15 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from cruxd.scheduler.order_cut import cut_of_order, prefix_sums, prefix_sums_transposed
+
 Edges = Mapping[tuple[Any, Any], float]
 _FLOAT32_ABOVE = 2048  # component size from which the DP's prefix matrix is float32
+# Each sampled order costs an m x m prefix matrix; a component gets at most this many
+# cells' worth of orders (at least one): 10 orders up to 1,295 jobs, 3 for the 2,268-job
+# component of bench/control_plane.py's stress shape, where 3 and 10 orders found the
+# same cut on every arrival measured (and 3 took 140 ms less per re-plan).
+_SAMPLE_CELLS = 1 << 24
 
 
 def compress(edges: Edges, levels: int, *, samples: int = 10, seed: int = 0) -> dict[str, int]:
@@ -49,7 +56,8 @@ def compress(edges: Edges, levels: int, *, samples: int = 10, seed: int = 0) -> 
 
     `edges` maps (higher_job, lower_job) to a non-negative weight. The first order
     tried is a deterministic one (Kahn's algorithm, smallest name first); the other
-    `samples`-1 are random topological orders drawn with `seed`.
+    `samples`-1 are random topological orders drawn with `seed` (fewer for components
+    over 1,295 jobs: _SAMPLE_CELLS).
     """
     names, hi, lo, w = _index(edges)
     order = _kahn(len(names), hi, lo, names)
@@ -151,6 +159,7 @@ def _component(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: in
     # of the O(m^2) prefix sums that dominate); every order's cut is then scored
     # exactly in float64 from the edges, so rounding can only cost optimality, never
     # validity.
+    samples = min(samples, max(1, _SAMPLE_CELLS // (m * m)))
     big = m > _FLOAT32_ABOVE
     prefix = np.empty((m, m), dtype=np.float32 if big else np.float64)
     spare = np.empty_like(prefix) if big else None
@@ -163,10 +172,10 @@ def _component(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: in
         if spare is None:
             prefix.fill(0.0)
             prefix[pos[hi], pos[lo]] = w
-            _prefix_sums(prefix)
+            prefix_sums(prefix)
         else:
-            _prefix_sums_transposed(spare, prefix, pos[hi], pos[lo], w)
-        blocks = _cut_of_order(prefix, levels)[1]
+            prefix_sums_transposed(spare, prefix, pos[hi], pos[lo], w)
+        blocks = cut_of_order(prefix, levels)[1]
         lv = np.empty(m, dtype=np.int64)
         lv[perm] = levels - 1 - blocks
         val = float(w[lv[hi] != lv[lo]].sum())
@@ -210,84 +219,6 @@ def _random_order(m: int, layers: list[tuple[np.ndarray, np.ndarray, np.ndarray]
         key[nodes] = (np.maximum.reduceat(key[preds], starts) + inc[nodes] if d
                       else inc[nodes])
     return np.argsort(key, kind="stable")
-
-
-def _prefix_sums(prefix: np.ndarray) -> None:
-    """In place: Q[j, i] = weight of edges from the first j+1 nodes to the first i+1."""
-    for i in range(1, prefix.shape[0]):  # adding whole rows is several times faster
-        prefix[i] += prefix[i - 1]       # than cumsum(axis=0)
-    np.cumsum(prefix, axis=1, out=prefix)
-
-
-def _prefix_sums_transposed(spare: np.ndarray, out: np.ndarray, hi: np.ndarray,
-                            lo: np.ndarray, w: np.ndarray, block: int = 128) -> None:
-    """Q where the DP reads it (j <= i), for large matrices: cumsum along rows is ~5x
-    slower than adding whole rows, so both sums add rows, with a blocked transpose in
-    between, and each only over the triangle that can be non-zero or is read (edges
-    go forward in the order). The sums run in another order than `_prefix_sums`', so
-    float32 roundings differ; below the diagonal `out` is left undefined."""
-    n = out.shape[0]
-    spare.fill(0.0)
-    spare[lo, hi] = w  # transposed: row y holds the edges into y, at column x < y
-    for i in range(2, n):
-        spare[i, :i] += spare[i - 1, :i]  # row b: weight from each x into the first b+1
-    for i0 in range(0, n, block):
-        out[:i0 + block, i0:i0 + block] = spare[i0:i0 + block, :i0 + block].T
-    for i in range(1, n):
-        out[i, i:] += out[i - 1, i:]
-
-
-def _cut_of_order(prefix: np.ndarray, levels: int) -> tuple[float, np.ndarray]:
-    """Max K-cut of one order. `prefix` holds Q[j, i] = weight of edges from the first
-    j+1 nodes to the first i+1 nodes of that order (`_prefix_sums`). Returns (value,
-    block of each position, 0 = first block = highest level)."""
-    n = prefix.shape[0]
-    k_max = min(levels, n)
-    f = np.full(n + 1, -np.inf)
-    f[1:] = 0.0  # one block: nothing cut
-    opts = []
-    for k in range(2, k_max + 1):
-        f, opt = _dp_level(f, prefix, k)
-        opts.append(opt)
-    blocks = np.zeros(n, dtype=np.int64)
-    i = n
-    for k in range(k_max, 1, -1):
-        j = int(opts[k - 2][i])
-        blocks[j:i] = k - 1
-        i = j
-    return float(f[n] if k_max > 1 else 0.0), blocks
-
-
-def _dp_level(prev: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """f(i) = max_{k-1 <= j < i} prev(j) + C(j, i) for i >= k, by vectorised divide and
-    conquer over the monotone argmax. C(j, i) = Q[j-1, i-1] - Q[j-1, j-1] (j >= 1)."""
-    n = len(prev) - 1
-    cur = np.full(n + 1, -np.inf)
-    opt = np.zeros(n + 1, dtype=np.int64)
-    # segments: i in [ilo, ihi], argmax j in [jlo, jhi]
-    ilo, ihi = np.array([k]), np.array([n])
-    jlo, jhi = np.array([k - 1]), np.array([n - 1])
-    while len(ilo):
-        mid = (ilo + ihi) // 2
-        top = np.minimum(jhi, mid - 1)
-        counts = top - jlo + 1
-        seg = np.repeat(np.arange(len(mid)), counts)
-        starts = np.cumsum(counts) - counts
-        j = jlo[seg] + (np.arange(counts.sum()) - starts[seg])
-        val = prev[j] + q[j - 1, mid[seg] - 1] - q[j - 1, j - 1]
-        best = np.maximum.reduceat(val, starts)
-        # first j reaching the segment's best keeps the argmax monotone under ties
-        hits = np.flatnonzero(val >= best[seg])
-        hit_seg = seg[hits]
-        bj = j[hits[np.r_[True, hit_seg[1:] != hit_seg[:-1]]]]
-        cur[mid], opt[mid] = best, bj
-        left = mid - 1 >= ilo
-        right = mid + 1 <= ihi
-        ilo, ihi, jlo, jhi = (np.concatenate([ilo[left], mid[right] + 1]),
-                              np.concatenate([mid[left] - 1, ihi[right]]),
-                              np.concatenate([jlo[left], bj[right]]),
-                              np.concatenate([bj[left], jhi[right]]))
-    return cur, opt
 
 
 def compress_exact(edges: Edges, levels: int) -> dict[str, int]:
