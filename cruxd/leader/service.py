@@ -83,6 +83,7 @@ class Leader(LeaderRpcs):
         self._unheard: set[str] = set()  # HA, just elected: agents yet to report
         self._settle_until = 0.0
         self._retrying = False  # HA: plans are failing to be recorded (not_publishing)
+        self._planning = False  # a plan is being made (the persister waits)
         self.saver: Callable[[dict[str, object]], Awaitable[None]] | None = None
         self._fanout: FanOut | None = None
         # what the last plan computed, reused where an event cannot change it; used from
@@ -214,7 +215,11 @@ class Leader(LeaderRpcs):
                 continue
             self._unheard.clear()
             if causes or (self.plan is None and self.state.agents):
-                await self._replan(causes or ["first plan"])
+                self._planning = True
+                try:
+                    await self._replan(causes or ["first plan"])
+                finally:
+                    self._planning = False
 
     async def _replan(self, causes: list[str]) -> None:
         first = self._first_event or time.monotonic()
@@ -286,23 +291,27 @@ class Leader(LeaderRpcs):
 
     async def _persister(self) -> None:
         """Saves the state after changes (set `_unsaved`: view changes and every
-        published plan), batched: the next save waits twice as long as the last took,
-        so saving takes at most a third of the leader's time (at 10,000 agents a save
-        is seconds, and saving after every join starved the reports)."""
-        gap = PERSIST_DELAY_S
+        published plan), batched, and never more than a third of the time (the next
+        save waits twice as long as the last took). The snapshot yields to the loop as
+        it goes, and waits while a plan is being made: plans come first."""
+        ready_at = 0.0
         while True:
             await self._unsaved.wait()
-            await asyncio.sleep(gap)
+            await asyncio.sleep(max(PERSIST_DELAY_S, ready_at - time.monotonic()))
+            while self._planning:
+                await asyncio.sleep(PERSIST_DELAY_S)
             self._unsaved.clear()
             started = time.monotonic()
+            self._snapshots += 1
+            numbered = self._snapshots, await store.snapshot_stepwise(self.state, self.plan)
             if self.saver is not None:
                 try:
-                    await self.saver(self._snapshot()[1])
+                    await self.saver(numbered[1])
                 except Exception:  # the next change saves again; never lose the task
                     LOG.exception("cannot save the leader state")
-            else:  # a consistent snapshot is taken on the loop; only the write leaves it
-                await asyncio.to_thread(self._save, self._snapshot())
-            gap = max(PERSIST_DELAY_S, 2 * (time.monotonic() - started))
+            else:
+                await asyncio.to_thread(self._save, numbered)
+            ready_at = time.monotonic() + 2 * (time.monotonic() - started)
 
     def _snapshot(self, plan: PublishedPlan | None = None) -> tuple[int, dict[str, object]]:
         self._snapshots += 1
