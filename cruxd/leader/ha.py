@@ -11,6 +11,7 @@ it, under its term; the state itself is saved there after. If etcd cannot be wri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -49,31 +50,46 @@ class Candidate:
         await self.election.client.close()
 
     async def _run(self) -> None:
-        leader, el = self.leader, self.election
         while True:
-            term = await el.win(POLL_S, self._seen)
             try:
-                high_water, doc = await el.load()
-            except Exception as exc:  # cannot read what to resume: try the campaign again
-                LOG.error("elected (term %d) but cannot read the state from etcd: %s", term,
-                          exc)
-                await el.resign()
+                await self._term()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never leave the process without a campaign
+                LOG.exception("election failed; campaigning again")
+                if self.leader.role == "active":
+                    await self.leader.deactivate()
+                with contextlib.suppress(Exception):
+                    await self.election.resign()
                 await asyncio.sleep(POLL_S)
-                continue
-            self._deposed.clear()
-            leader.activate(term, high_water, doc, f"etcd {el.state_key.decode()}")
-            LOG.info("elected leader, term %d, resuming generation %d", term,
-                     leader.plan.generation if leader.plan else high_water)
-            hold = asyncio.create_task(el.hold())
-            deposed = asyncio.create_task(self._deposed.wait())
+
+    async def _term(self) -> None:
+        """One campaign, and the term it wins, until it ends."""
+        leader, el = self.leader, self.election
+        term = await el.win(POLL_S, self._seen)
+        try:
+            high_water, doc = await el.load()
+        except Exception as exc:  # cannot read what to resume: try the campaign again
+            LOG.error("elected (term %d) but cannot read the state from etcd: %s", term, exc)
+            await el.resign()
+            await asyncio.sleep(POLL_S)
+            return
+        self._deposed.clear()
+        leader.activate(term, high_water, doc, f"etcd {el.state_key.decode()}")
+        LOG.info("elected leader, term %d, resuming generation %d", term,
+                 leader.plan.generation if leader.plan else high_water)
+        hold = asyncio.create_task(el.hold())
+        deposed = asyncio.create_task(self._deposed.wait())
+        try:
             await asyncio.wait([hold, deposed], return_when=asyncio.FIRST_COMPLETED)
-            why = hold.result() if hold.done() else "another leader was elected"
+        finally:
             for t in (hold, deposed):
                 t.cancel()
-            LOG.warning("stepping down (term %d): %s", term, why)
-            await leader.deactivate()
-            if not hold.done() or el.lease is not None:
-                await el.resign()
+        why = hold.result() if hold.done() and not hold.cancelled() else \
+            "another leader was elected"
+        LOG.warning("stepping down (term %d): %s", term, why)
+        await leader.deactivate()
+        await el.resign()
 
     def _etcd_error(self, error: str) -> None:
         """While active: etcd unreachable (or without quorum) means no plan can be
@@ -87,7 +103,7 @@ class Candidate:
 
     async def _fence(self, plan: PublishedPlan) -> str | None:
         """Record the generation with its plan (so a successor resumes exactly it)."""
-        data = await asyncio.to_thread(encode_state, to_dict(plan))
+        data = await asyncio.to_thread(lambda: encode_state(to_dict(plan)))  # off the loop
         try:
             return await self.election.commit(generation=str(plan.generation).encode(),
                                               plan=data)
