@@ -1,12 +1,15 @@
 """Trace-driven simulation benchmark (seed §6.3, Fig. 23).
 
-(a) GPU utilisation per policy and fabric on a trace from `cruxd.sim.trace`
-    (Poisson arrivals, the trace's size mix, lognormal durations, packed placement),
-    next to the seed's Fig. 23 bars, and crux-full's gain over the best baseline.
+(a) GPU utilisation per policy, fabric and placement on a trace from `cruxd.sim.trace`
+    (Poisson arrivals, the trace's size mix, lognormal durations, the placement policies
+    of `cruxd.sim.placement`: packed, none, hived), next to the seed's Fig. 23 bars, and
+    crux-full's gain over the best baseline; per trace, the share of jobs spanning more
+    than one ToR group and more than one pod.
 (b) Simulator speed: wall time per run, simulated seconds per wall second.
 
     .venv/bin/python bench/simulate.py [--days D] [--jobs N] [--quick] [--seed S]
         [--policies a,b] [--topologies clos,double-sided,lingjun] [--budget-s S]
+        [--placement packed,none,hived]
         [--bytes-scale X] [--window-s S] [--window-periods N]
 
 Policies not registered in `cruxd.sim.policies.POLICIES` are skipped with a note.
@@ -24,6 +27,7 @@ import numpy as np
 from tables import preamble, table  # bench/ is on sys.path when run as a script
 
 from cruxd.model.topology import Topology
+from cruxd.sim.placement import PLACEMENTS
 from cruxd.sim.policies import POLICIES, make_policy
 from cruxd.sim.run import SimConfig, SimJob, simulate
 from cruxd.sim.trace import DAY_S, trace_jobs, trace_stats
@@ -128,6 +132,44 @@ def gain_line(tname: str, runs: dict[str, Run]) -> str:
     return f"    crux-full gain {'; '.join(parts)}  [{seed_txt}]"
 
 
+def run_trace(topo: Topology, tname: str, placement: str, policies: list[str],
+              args: argparse.Namespace) -> list[Run]:
+    """One trace on one fabric with one placement, every policy on it; prints (a)."""
+    t0 = time.perf_counter()
+    jobs = trace_jobs(topo, jobs=args.jobs, days=args.days, seed=args.seed,
+                      bytes_scale=args.bytes_scale, placement=placement)
+    st = trace_stats(jobs, topo)
+    print(f"[{tname}, {placement} placement] {topo.name}: {len(topo.hosts)} hosts, "
+          f"{st['gpus']} GPUs; trace {time.perf_counter() - t0:.2f} s: {st['jobs']} jobs, "
+          f">= 128 GPUs {fmt(st.get('share_ge_128'), '.1%')}, largest {st.get('largest')}, "
+          f"multi-host {fmt(st.get('multi_host'), '.1%')}, peak {st.get('peak_jobs')} jobs "
+          f"/ {st.get('peak_gpus')} GPUs, mean {fmt(st.get('mean_gpus'), '.0f')} GPUs in "
+          f"use, median duration {fmt(st.get('median_duration_s', 0) / 60, '.0f')} min; "
+          f"spanning > 1 ToR {fmt(st.get('span_tors'), '.1%')}, > 1 pod "
+          f"{fmt(st.get('span_pods'), '.1%')}")
+    per: dict[str, Run] = {}
+    for p in policies:
+        r = run_one(jobs, topo, p, tname, args)
+        per[p] = r
+        u = r.summary["gpu_utilization"] if r.summary else "stopped at budget"
+        print(f"    ... {p}: {r.wall_s:.1f} s wall, {r.epochs} epochs, util {u}", flush=True)
+    seed = FIG23.get(tname, {})
+    rows = []
+    for p, r in per.items():
+        s = r.summary or {}
+        key = "taccl*" if p.startswith("taccl") else p
+        rows.append([p, fmt(s.get("gpu_utilization")), fmt(seed.get(key), ".2f"),
+                     fmt(s.get("mean_slowdown")), fmt(s.get("worst_throughput_ratio")),
+                     fmt(s.get("network_utilization"), ".4f")])
+    print(f"(a) {tname}, {placement} placement: GPU utilisation (busy / allocated GPU-s) "
+          "vs seed Fig. 23")
+    print(table(["policy", "GPU util", "seed", "mean slowdown", "worst thr ratio",
+                 "net util"], rows))
+    print(gain_line(tname, per))
+    print()
+    return list(per.values())
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--days", type=float, default=14.0)
@@ -137,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--policies", default=",".join(BASELINES + CRUX + EXTRA))
     ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--placement", default="packed",
+                    help=f"comma list of trace placements ({', '.join(PLACEMENTS)}); one "
+                         "table per placement")
     ap.add_argument("--bytes-scale", type=float, default=1.0,
                     help="multiply the jobs' gradient bytes (communication-heavier jobs)")
     ap.add_argument("--window-s", type=float, default=SimConfig.window_s)
@@ -158,6 +203,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"# note: policy {p!r} is not registered yet, skipped")
         else:
             policies.append(name)
+    placements = [x.strip() for x in args.placement.split(",") if x.strip()]
+    for pl in placements:
+        if pl not in PLACEMENTS:
+            ap.error(f"unknown placement {pl!r} (known: {', '.join(PLACEMENTS)})")
     tnames = [t.strip() for t in args.topologies.split(",") if t.strip()]
     for t in tnames:
         if t not in TOPOLOGIES:
@@ -167,36 +216,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     for tname in tnames:
         topo = TOPOLOGIES[tname]()
-        t0 = time.perf_counter()
-        jobs = trace_jobs(topo, jobs=args.jobs, days=args.days, seed=args.seed,
-                          bytes_scale=args.bytes_scale)
-        st = trace_stats(jobs, topo)
-        print(f"[{tname}] {topo.name}: {len(topo.hosts)} hosts, {st['gpus']} GPUs; trace "
-              f"{time.perf_counter() - t0:.2f} s: {st['jobs']} jobs, "
-              f">= 128 GPUs {fmt(st.get('share_ge_128'), '.1%')}, largest {st.get('largest')}, "
-              f"multi-host {fmt(st.get('multi_host'), '.1%')}, peak {st.get('peak_jobs')} jobs "
-              f"/ {st.get('peak_gpus')} GPUs, mean {fmt(st.get('mean_gpus'), '.0f')} GPUs in "
-              f"use, median duration {fmt(st.get('median_duration_s', 0) / 60, '.0f')} min")
-        per: dict[str, Run] = {}
-        for p in policies:
-            r = run_one(jobs, topo, p, tname, args)
-            per[p] = r
-            runs.append(r)
-            u = r.summary["gpu_utilization"] if r.summary else "stopped at budget"
-            print(f"    ... {p}: {r.wall_s:.1f} s wall, {r.epochs} epochs, util {u}", flush=True)
-        seed = FIG23.get(tname, {})
-        rows = []
-        for p, r in per.items():
-            s = r.summary or {}
-            key = "taccl*" if p.startswith("taccl") else p
-            rows.append([p, fmt(s.get("gpu_utilization")), fmt(seed.get(key), ".2f"),
-                         fmt(s.get("mean_slowdown")), fmt(s.get("worst_throughput_ratio")),
-                         fmt(s.get("network_utilization"), ".4f")])
-        print(f"(a) {tname}: GPU utilisation (busy / allocated GPU-s) vs seed Fig. 23")
-        print(table(["policy", "GPU util", "seed", "mean slowdown", "worst thr ratio",
-                     "net util"], rows))
-        print(gain_line(tname, per))
-        print()
+        for placement in placements:
+            runs.extend(run_trace(topo, tname, placement, policies, args))
     print("(b) simulator speed")
     rows = []
     for r in runs:

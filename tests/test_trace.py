@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from cruxd.model.topology import Topology
-from cruxd.sim import trace
 from cruxd.sim.run import SimJob
 from cruxd.sim.trace import DAY_S, standalone_period, trace_jobs, trace_stats
 from cruxd.topo import clos2, double_sided, trace_clos
@@ -94,22 +93,6 @@ def test_jobs_spanning_hosts_have_flows(busy: tuple[Topology, list[SimJob]]) -> 
         # one channel per NIC rail on every hop of the ring
         assert len(job.flows) == len(hosts) * min(topo.nic_ports(h) for h in hosts)
         assert {f.src for f in job.flows} == hosts == {f.dst for f in job.flows}
-
-
-def test_packing_same_host_and_same_tor_first() -> None:
-    topo = clos2(4, 2, 4)  # 16 hosts of 8 GPUs, 4 under each ToR
-    hosts = topo.hosts
-    cap = np.array([topo.nodes[h].gpus for h in hosts], dtype=np.int64)
-    group = trace._groups(topo, hosts)
-    free = cap.copy()
-    free[[0, 1, 2, 5]] = [3, 0, 0, 0]  # ToR 0 has one whole host left, ToR 1 three
-    placed = trace._place(free, cap, group, 24, split=False)
-    assert placed is not None and {group[h] for h, _ in placed} == {1}
-    assert [g for _, g in placed] == [8, 8, 8]
-    assert trace._place(free, cap, group, 3, split=False) == [(0, 3)]  # best fit
-    pair = trace._place(free, cap, group, 8, split=True)  # 4 + 4: the fullest hosts of one ToR
-    assert pair is not None and len(pair) == 2 and group[pair[0][0]] == group[pair[1][0]]
-    assert trace._place(free, cap, group, int(free.sum()) + 1, split=False) is None
 
 
 def test_load_sets_the_mean_demand() -> None:

@@ -48,6 +48,7 @@ import numpy.typing as npt
 from cruxd import workload as wl
 from cruxd.model.jobs import Job, ring_allreduce
 from cruxd.model.topology import Topology
+from cruxd.sim.placement import PLACEMENTS, Placement, place
 from cruxd.sim.run import SimJob
 
 DAY_S = 86400.0
@@ -57,14 +58,18 @@ MIN_S = 300.0
 MAX_S = 7 * DAY_S
 
 IntArray = npt.NDArray[np.int64]
-Placement = list[tuple[int, int]]  # (host index, GPUs)
 
 
 def trace_jobs(topo: Topology, *, jobs: int, days: float, seed: int = 0, max_gpus: int = 512,
                median_s: float = MEDIAN_S, sigma: float = SIGMA, min_s: float = MIN_S,
                max_s: float = MAX_S, load: float | None = None,
-               split_prob: float = wl.SPLIT_PROB, bytes_scale: float = 1.0) -> list[SimJob]:
-    """`jobs` trace jobs over `days`, placed on `topo`; see the module docstring."""
+               split_prob: float = wl.SPLIT_PROB, bytes_scale: float = 1.0,
+               placement: str = "packed") -> list[SimJob]:
+    """`jobs` trace jobs over `days`, placed on `topo` by `placement` (a name of
+    cruxd.sim.placement.PLACEMENTS); see the module docstring."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; placements: "
+                         f"{', '.join(PLACEMENTS)}")
     if jobs < 0 or not days > 0 or not sigma >= 0 or not 0 < min_s <= max_s or bytes_scale < 0:
         raise ValueError("need jobs, sigma, bytes_scale >= 0, days > 0, 0 < min_s <= max_s")
     hosts = [h for h in topo.hosts if topo.nodes[h].gpus > 0]
@@ -93,7 +98,7 @@ def trace_jobs(topo: Topology, *, jobs: int, days: float, seed: int = 0, max_gpu
         split = bool(rng.random() < split_prob)
         drawn.append(_Draw(f"job{i:0{width}d}-{kind}", gpus, compute, overlap, nbytes,
                            duration, split))
-    group = _groups(topo, hosts)
+    group, pod = host_groups(topo, hosts)
     free = cap.copy()
     out: list[SimJob] = []
     running: list[tuple[float, int, Placement]] = []  # (end, index, placement) heap
@@ -102,7 +107,7 @@ def trace_jobs(topo: Topology, *, jobs: int, days: float, seed: int = 0, max_gpu
     while nxt < jobs or queue:
         if queue:
             d = drawn[queue[0]]
-            placed = _place(free, cap, group, d.gpus, d.split)
+            placed = place(placement, free, cap, group, pod, d.gpus, d.split)
             if placed is not None or (not running and nxt >= jobs):
                 queue.popleft()
                 if placed is None:
@@ -187,64 +192,32 @@ def trace_stats(jobs: list[SimJob], topo: Topology) -> dict[str, Any]:
         "peak_gpus": peak_g,
         "mean_gpus": area / span if span > 0 else 0.0,
         "median_duration_s": float(np.median(np.array(ends) - starts)),
+        **_spans(jobs, topo),
     }
 
 
-def _groups(topo: Topology, hosts: list[str]) -> IntArray:
-    """Group number per host: hosts linked to the same set of ToRs share one."""
-    keys: dict[frozenset[str], int] = {}
-    out = [keys.setdefault(frozenset(topo.links[i].dst for i in topo.uplinks(h)), len(keys))
-           for h in hosts]
-    return np.array(out, dtype=np.int64)
+def _spans(jobs: list[SimJob], topo: Topology) -> dict[str, float]:
+    """The fraction of jobs whose hosts span more than one ToR group, and more than one
+    pod: how fragmented the placement left them."""
+    hosts = [h for h in topo.hosts if topo.nodes[h].gpus > 0]
+    group, pod = host_groups(topo, hosts)
+    where = {h: (int(g), int(p)) for h, g, p in zip(hosts, group, pod, strict=True)}
+    tors = [len({where[h][0] for h, _ in s.job.hosts}) for s in jobs]
+    pods = [len({where[h][1] for h, _ in s.job.hosts}) for s in jobs]
+    return {"span_tors": float(np.mean(np.array(tors) > 1)),
+            "span_pods": float(np.mean(np.array(pods) > 1))}
 
 
-def _best_fit(free: IntArray, need: int, allowed: npt.NDArray[np.bool_]) -> int | None:
-    ok = np.flatnonzero(allowed & (free >= need))
-    return int(ok[np.argmin(free[ok])]) if len(ok) else None  # argmin: first of the ties
-
-
-def _place(free: IntArray, cap: IntArray, group: IntArray, need: int, split: bool
-           ) -> Placement | None:
-    """Where a job of `need` GPUs goes given the `free` GPUs per host, or None."""
-    if need > int(free.sum()):
-        return None
-    anywhere = np.ones(len(free), dtype=bool)
-    if need <= int(cap.max()):
-        if split and need >= 2 and len(free) >= 2:
-            high, low = need - need // 2, need // 2
-            pairs = np.bincount(group[free >= low], minlength=int(group.max()) + 1) >= 2
-            h1 = _best_fit(free, high, pairs[group])  # a ToR with room for both halves
-            h1 = h1 if h1 is not None else _best_fit(free, high, anywhere)
-            if h1 is not None:
-                others = anywhere.copy()
-                others[h1] = False
-                h2 = _best_fit(free, low, others & (group == group[h1]))
-                h2 = h2 if h2 is not None else _best_fit(free, low, others)
-                if h2 is not None:
-                    return sorted([(h1, high), (h2, low)])
-        h = _best_fit(free, need, anywhere)
-        if h is not None:
-            return [(h, need)]
-    whole = (free == cap) & (cap > 0)
-    per_group = np.bincount(group[whole], weights=cap[whole], minlength=int(group.max()) + 1)
-    fits = np.flatnonzero(per_group >= need)
-    if len(fits):
-        g = int(fits[np.argmin(per_group[fits])])
-        order = np.flatnonzero(whole & (group == g)).tolist()
-    else:
-        rank = np.argsort(-per_group, kind="stable")  # groups with most free whole hosts
-        pos = np.empty_like(rank)
-        pos[rank] = np.arange(len(rank))
-        wh = np.flatnonzero(whole)
-        part = np.flatnonzero(~whole & (free > 0))
-        order = (wh[np.argsort(pos[group[wh]], kind="stable")].tolist()
-                 + part[np.argsort(-free[part], kind="stable")].tolist())
-    taken: Placement = []
-    left = need
-    for h in order:
-        g = min(int(free[h]), left)
-        taken.append((h, g))
-        left -= g
-        if left == 0:
-            return sorted(taken)
-    return None
+def host_groups(topo: Topology, hosts: list[str]) -> tuple[IntArray, IntArray]:
+    """Per host, its ToR group (hosts linked to the same set of ToRs share one) and its
+    pod (ToR groups linked to the same set of switches above them)."""
+    tor_keys: dict[frozenset[str], int] = {}
+    pod_keys: dict[frozenset[str], int] = {}
+    group, pod = [], []
+    for h in hosts:
+        tors = frozenset(topo.links[i].dst for i in topo.uplinks(h))
+        group.append(tor_keys.setdefault(tors, len(tor_keys)))
+        above = frozenset(topo.links[i].dst for t in tors for i in topo.uplinks(t)
+                          if not topo.is_host(topo.links[i].dst))
+        pod.append(pod_keys.setdefault(above, len(pod_keys)))
+    return np.array(group, dtype=np.int64), np.array(pod, dtype=np.int64)
