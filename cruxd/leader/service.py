@@ -241,8 +241,10 @@ class Leader(LeaderRpcs):
             return
         # The number is recorded before any agent can see it (a WatchPlan opened meanwhile
         # sends self.plan): a leader killed right after publishing must not restart at the
-        # previous generation and reuse this one for a different plan. Only the number: the
-        # whole state (MBs at 1,000 agents) is saved after, off the path to the agents.
+        # previous generation and reuse this one for a different plan. A single leader
+        # records only the number (the state, MBs at 1,000 agents, is saved after, off the
+        # path to the agents); in HA the plan goes with it, in one fenced transaction, so
+        # a successor resumes exactly this plan.
         if self.fence is not None:
             why = await self.fence(plan)
             if why is not None:
