@@ -176,11 +176,13 @@ class Agent:
         return True
 
     def _job_changed(self, job_id: str, what: str) -> None:
-        LOG.info("job %s %s", job_id, what)
         if what in ("deregistered", "exited"):
             self.table.remove_job(job_id)  # at once: do not wait for the next plan
         if not self._restoring:
             self._save(job_id)
+        # logged once journaled: a line saying "registered" means a restart keeps the job
+        # (a SIGKILL between the two lost it: tests/test_trust_agent.py, once in CI)
+        LOG.info("job %s %s", job_id, what)
         self._poke_soon()
 
     def _poke_soon(self) -> None:
