@@ -35,18 +35,9 @@ from pathlib import Path
 # bench/ is on sys.path when run as a script
 from tables import preamble, table
 
+from cruxd.testing import wait_for
 from cruxd.testing.etcd_rig import etcd_missing
 from cruxd.testing.ha_rig import HaRig
-
-
-def _poll(check, timeout: float, every: float = 0.05):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = check()
-        if got:
-            return got, time.monotonic()
-        time.sleep(every)
-    raise TimeoutError
 
 
 def one_kill(rig: HaRig, jobs: int) -> dict[str, object]:
@@ -57,8 +48,11 @@ def one_kill(rig: HaRig, jobs: int) -> dict[str, object]:
     others = [d for d in rig.leaders if d is not active]
     active.send(signal.SIGKILL)
     t0 = time.monotonic()
-    new, t_elected = _poll(lambda: rig.active(others), 30)
-    _, t_followed = _poll(lambda: len(rig.followers_of(new)) == len(rig.agents), 30)
+    new = wait_for("a standby to take over", lambda: rig.active(others), 30, every=0.05)
+    t_elected = time.monotonic()
+    wait_for("every agent to follow", lambda: len(rig.followers_of(new)) == len(rig.agents),
+             30, every=0.05)
+    t_followed = time.monotonic()
     s = rig.status(new)
     assert active.proc is not None
     active.proc.wait()
@@ -67,7 +61,8 @@ def one_kill(rig: HaRig, jobs: int) -> dict[str, object]:
            "same_generation": s is not None and s.plan_generation == before.plan_generation,
            "tables_unchanged": rig.tables() == tables}
     active.start()  # back as a standby for the next round
-    _poll(lambda: (st := rig.status(active)) is not None and st.ha_role == "standby", 30)
+    wait_for("the killed leader back as a standby",
+             lambda: (st := rig.status(active)) is not None and st.ha_role == "standby", 30)
     return row
 
 

@@ -52,7 +52,6 @@ class Election:
         self.me = json.dumps({"address": address, "host": host}).encode()
         self.lease: Any = None
         self.term = 0
-        self.holder: Holder | None = None  # who holds the key, as last seen
         self.error = ""  # the last etcd error, "" once a call succeeds
         self.on_error: Callable[[str], None] = lambda error: None  # hears `error` change
 
@@ -82,8 +81,7 @@ class Election:
                     success=[t.put(self.key, self.me, lease=self.lease)], failure=[])
                 kv = await self.client.get(self.key)
                 await self._ok()
-                self.holder = _holder(kv) if kv is not None else None
-                seen(self.holder)
+                seen(_holder(kv) if kv is not None else None)
                 if kv is not None and kv.lease == self.lease.id:  # ours (now, or still)
                     self.term = kv.create_revision
                     return self.term
@@ -153,11 +151,6 @@ class Election:
             except ClientError as exc:
                 LOG.warning("etcd: cannot revoke the lease: %s", exc)
             self.lease = None
-
-    async def leader(self) -> Holder | None:
-        kv = await self.client.get(self.key)
-        self.holder = _holder(kv) if kv is not None else None
-        return self.holder
 
 
 def _decoded(kv: Any) -> Any:

@@ -45,13 +45,20 @@ def place(policy: str, free: IntArray, cap: IntArray, group: IntArray, pod: IntA
 
 
 def first_fit(free: IntArray, need: int) -> Placement | None:
+    return _take(free, np.flatnonzero(free > 0).tolist(), need)
+
+
+def _take(free: IntArray, order: list[int], need: int) -> Placement | None:
+    """`need` GPUs from the hosts in `order`, each giving what it has free, sorted by
+    host; None if they do not hold that many."""
     taken: Placement = []
-    for h in np.flatnonzero(free > 0).tolist():
+    for h in order:
         g = min(int(free[h]), need)
-        taken.append((h, g))
-        need -= g
+        if g:
+            taken.append((h, g))
+            need -= g
         if need == 0:
-            return taken
+            return sorted(taken)
     return None
 
 
@@ -80,16 +87,7 @@ def _pack(free: IntArray, hosts: IntArray, need: int) -> Placement | None:
     one = np.flatnonzero(room >= need)
     if len(one):
         return [(int(hosts[one[np.argmin(room[one])]]), need)]
-    order = hosts[np.argsort(-room, kind="stable")]
-    taken: Placement = []
-    for h in order.tolist():
-        g = min(int(free[h]), need)
-        if g:
-            taken.append((h, g))
-            need -= g
-        if need == 0:
-            return sorted(taken)
-    return None
+    return _take(free, hosts[np.argsort(-room, kind="stable")].tolist(), need)
 
 
 def _best_fit(free: IntArray, need: int, allowed: npt.NDArray[np.bool_]) -> int | None:
@@ -131,12 +129,4 @@ def packed(free: IntArray, cap: IntArray, group: IntArray, need: int, split: boo
         part = np.flatnonzero(~whole & (free > 0))
         order = (wh[np.argsort(pos[group[wh]], kind="stable")].tolist()
                  + part[np.argsort(-free[part], kind="stable")].tolist())
-    taken: Placement = []
-    left = need
-    for h in order:
-        g = min(int(free[h]), left)
-        taken.append((h, g))
-        left -= g
-        if left == 0:
-            return sorted(taken)
-    return None
+    return _take(free, order, need)
