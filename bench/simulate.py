@@ -1,16 +1,23 @@
-"""Trace-driven simulation benchmark (seed §6.3, Fig. 23).
+"""Trace-driven simulation benchmark (seed §6.3-6.4, Fig. 23 and Fig. 25).
 
 (a) GPU utilisation per policy, fabric and placement on a trace from `cruxd.sim.trace`
-    (Poisson arrivals, the trace's size mix, lognormal durations, the placement policies
-    of `cruxd.sim.placement`: packed, none, hived), next to the seed's Fig. 23 bars, and
-    crux-full's gain over the best baseline; per trace, the share of jobs spanning more
-    than one ToR group and more than one pod.
+    (Poisson arrivals, the trace's size mix, the §6.3 model profiles of
+    `cruxd.sim.profiles` at real sizes, lognormal durations, the placement policies of
+    `cruxd.sim.placement`), next to the seed's Fig. 23 bars, and crux-full's gain over
+    the best baseline; per trace, the share of jobs spanning more than one ToR group
+    and more than one pod.
+(c) With several placements and ecmp and crux-full among the policies: Fig. 25, ecmp
+    and crux-full per placement next to the seed's bars.
 (b) Simulator speed: wall time per run, simulated seconds per wall second.
 
     .venv/bin/python bench/simulate.py [--days D] [--jobs N] [--quick] [--seed S]
         [--policies a,b] [--topologies clos,double-sided,lingjun] [--budget-s S]
-        [--placement packed,none,hived]
-        [--bytes-scale X] [--window-s S] [--window-periods N]
+        [--placement none,hived,muri,crux-hints,packed] [--procs N]
+        [--bytes-scale X] [--compute-scale X] [--window-s S] [--window-periods N]
+
+Fig. 23: the defaults (14 days, 5,000 jobs, every policy, none placement, Clos and
+double-sided). Fig. 25: --topologies clos --policies ecmp,crux-full
+--placement none,hived,muri,crux-hints.
 
 Policies not registered in `cruxd.sim.policies.POLICIES` are skipped with a note.
 """
@@ -21,6 +28,7 @@ import argparse
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +38,7 @@ from cruxd.model.topology import Topology
 from cruxd.sim.placement import PLACEMENTS
 from cruxd.sim.policies import POLICIES, make_policy
 from cruxd.sim.run import SimConfig, SimJob, simulate
-from cruxd.sim.trace import DAY_S, trace_jobs, trace_stats
+from cruxd.sim.trace import COMPUTE_SCALE, DAY_S, trace_jobs, trace_stats
 from cruxd.topo.builders import double_sided, trace_clos
 from cruxd.topo.lingjun import lingjun
 
@@ -47,6 +55,12 @@ FIG23: dict[str, dict[str, float]] = {
                      "crux-ps-pa": 0.51, "crux-full": 0.50},
 }
 SEED_GAIN = {"clos": "+13 % to +23 %", "double-sided": "+4 % to +7 %"}
+# the seed's Fig. 25 (Clos): GPU utilisation without and with Crux per job scheduler
+FIG25: dict[str, tuple[float, float]] = {"none": (0.39, 0.62), "muri": (0.59, 0.73),
+                                         "hived": (0.64, 0.75)}
+# a trace window of 5 s or 3 iterations of the slowest job: on a 0.1-day Clos slice
+# ecmp and crux-full agree with 20 s / 10 iterations to 0.2 % at a third of the time
+TRACE_WINDOW_S, TRACE_WINDOW_PERIODS = 5.0, 3.0
 FAIR_REPLAN_S = 3600.0  # crux-fair re-decides hourly (its throughput floor needs it)
 
 
@@ -62,6 +76,7 @@ class Run:
     sim_s: float
     epochs: int
     summary: dict[str, object] | None  # None: stopped at the wall budget
+    placement: str = "none"
 
 
 def registered(name: str) -> str | None:
@@ -107,6 +122,8 @@ def run_one(jobs: list[SimJob], topo: Topology, name: str, tname: str, args: arg
         summary, sim_s = None, reached
     wall = time.perf_counter() - start
     origin = min((s.arrival_s for s in jobs), default=0.0)
+    u = summary["gpu_utilization"] if summary else "stopped at budget"
+    print(f"    ... {name} ({tname}): {wall:.1f} s wall, {epochs} epochs, util {u}", flush=True)
     return Run(name, tname, wall, max(0.0, sim_s - origin), epochs, summary)
 
 
@@ -137,7 +154,8 @@ def run_trace(topo: Topology, tname: str, placement: str, policies: list[str],
     """One trace on one fabric with one placement, every policy on it; prints (a)."""
     t0 = time.perf_counter()
     jobs = trace_jobs(topo, jobs=args.jobs, days=args.days, seed=args.seed,
-                      bytes_scale=args.bytes_scale, placement=placement)
+                      bytes_scale=args.bytes_scale, compute_scale=args.compute_scale,
+                      placement=placement)
     st = trace_stats(jobs, topo)
     print(f"[{tname}, {placement} placement] {topo.name}: {len(topo.hosts)} hosts, "
           f"{st['gpus']} GPUs; trace {time.perf_counter() - t0:.2f} s: {st['jobs']} jobs, "
@@ -147,13 +165,19 @@ def run_trace(topo: Topology, tname: str, placement: str, policies: list[str],
           f"use, median duration {fmt(st.get('median_duration_s', 0) / 60, '.0f')} min; "
           f"spanning > 1 ToR {fmt(st.get('span_tors'), '.1%')}, > 1 pod "
           f"{fmt(st.get('span_pods'), '.1%')}")
+    if args.procs > 1:
+        with ProcessPoolExecutor(args.procs) as pool:
+            done = list(pool.map(run_one, *zip(*[(jobs, topo, p, tname, args)
+                                                  for p in policies], strict=True)))
+    else:
+        done = [run_one(jobs, topo, p, tname, args) for p in policies]
     per: dict[str, Run] = {}
-    for p in policies:
-        r = run_one(jobs, topo, p, tname, args)
-        per[p] = r
-        u = r.summary["gpu_utilization"] if r.summary else "stopped at budget"
-        print(f"    ... {p}: {r.wall_s:.1f} s wall, {r.epochs} epochs, util {u}", flush=True)
-    seed = FIG23.get(tname, {})
+    for r in done:
+        r.placement = placement
+        per[r.policy] = r
+    seed = dict(FIG23.get(tname, {})) if placement == "none" else {}
+    if tname == "clos" and placement in FIG25:
+        seed["ecmp"], seed["crux-full"] = FIG25[placement]
     rows = []
     for p, r in per.items():
         s = r.summary or {}
@@ -162,12 +186,33 @@ def run_trace(topo: Topology, tname: str, placement: str, policies: list[str],
                      fmt(s.get("mean_slowdown")), fmt(s.get("worst_throughput_ratio")),
                      fmt(s.get("network_utilization"), ".4f")])
     print(f"(a) {tname}, {placement} placement: GPU utilisation (busy / allocated GPU-s) "
-          "vs seed Fig. 23")
+          "vs the seed (Fig. 23; ecmp and crux-full on the Clos: Fig. 25)")
     print(table(["policy", "GPU util", "seed", "mean slowdown", "worst thr ratio",
                  "net util"], rows))
     print(gain_line(tname, per))
     print()
     return list(per.values())
+
+
+def fig25(runs: list[Run]) -> None:
+    """(c): ecmp and crux-full per placement and fabric, with the seed's Fig. 25 bars."""
+    util = {(r.topo, r.placement, r.policy): r.summary["gpu_utilization"]
+            for r in runs if r.summary}
+    cells = sorted({(t, pl) for t, pl, _ in util}, key=lambda k: (k[0], k[1]))
+    rows = []
+    for t, pl in cells:
+        e, c = util.get((t, pl, "ecmp")), util.get((t, pl, "crux-full"))
+        if not isinstance(e, float) or not isinstance(c, float):
+            continue
+        se, sc = FIG25.get(pl, (None, None)) if t == "clos" else (None, None)
+        rows.append([t, pl, fmt(e), fmt(se, ".2f"), fmt(c), fmt(sc, ".2f"), f"{c / e - 1:+.1%}",
+                     f"{sc / se - 1:+.1%}" if se and sc else "-"])
+    if len({pl for _, pl in cells}) < 2 or not rows:
+        return
+    print("(c) Fig. 25: ecmp and crux-full per job scheduler (placement)")
+    print(table(["fabric", "placement", "ecmp", "seed", "crux-full", "seed", "crux adds",
+                 "seed adds"], rows))
+    print()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -179,21 +224,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--policies", default=",".join(BASELINES + CRUX + EXTRA))
     ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--placement", default="packed",
+    ap.add_argument("--placement", default="none",
                     help=f"comma list of trace placements ({', '.join(PLACEMENTS)}); one "
                          "table per placement")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="run a trace's policies in this many processes")
     ap.add_argument("--bytes-scale", type=float, default=1.0,
-                    help="multiply the jobs' gradient bytes (communication-heavier jobs)")
-    ap.add_argument("--window-s", type=float, default=SimConfig.window_s)
-    ap.add_argument("--window-periods", type=float, default=SimConfig.window_periods)
+                    help="multiply the jobs' network bytes (a knob; 1 in the headline runs)")
+    ap.add_argument("--compute-scale", type=float, default=COMPUTE_SCALE,
+                    help="multiply the profiles' compute times (default: the calibration, "
+                         "see docs/evaluation.md)")
+    ap.add_argument("--window-s", type=float, default=TRACE_WINDOW_S)
+    ap.add_argument("--window-periods", type=float, default=TRACE_WINDOW_PERIODS)
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="stop a run after this much wall time (0: never)")
     args = ap.parse_args(argv)
     if args.quick:
         args.days, args.jobs = 0.25, 90
     preamble(f"numpy {np.__version__}")
+    if args.procs < 1:
+        ap.error("--procs must be >= 1")
     print(f"# trace: {args.jobs} jobs over {args.days:g} days, seed {args.seed}, "
-          f"bytes x{args.bytes_scale:g}; "
+          f"bytes x{args.bytes_scale:g}, compute x{args.compute_scale:g}; "
           f"SimConfig(levels=8, window_s={args.window_s:g}, "
           f"window_periods={args.window_periods:g})")
     policies: list[str] = []
@@ -218,14 +270,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         topo = TOPOLOGIES[tname]()
         for placement in placements:
             runs.extend(run_trace(topo, tname, placement, policies, args))
+    fig25(runs)
     print("(b) simulator speed")
     rows = []
     for r in runs:
         rate = r.sim_s / r.wall_s if r.wall_s > 0 else math.inf
-        rows.append([r.policy, r.topo, f"{r.wall_s:.1f}", f"{r.sim_s / 3600:.1f}",
+        rows.append([r.policy, r.topo, r.placement, f"{r.wall_s:.1f}", f"{r.sim_s / 3600:.1f}",
                      f"{rate:,.0f}", str(r.epochs), fmt(1e3 * r.wall_s / max(r.epochs, 1), ".1f"),
                      "" if r.summary else "stopped at --budget-s"])
-    print(table(["policy", "fabric", "wall s", "sim h", "sim-s / wall-s", "epochs",
+    print(table(["policy", "fabric", "placement", "wall s", "sim h", "sim-s / wall-s", "epochs",
                  "ms / epoch", ""], rows))
     print("    target: 14 days, 5,000 jobs on a 2,000-GPU fabric in <= 600 s per run "
           f"(needs >= {14 * DAY_S / 600:,.0f} sim-s / wall-s).")

@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cruxd.sim.placement import PLACEMENTS, place
+from cruxd.model.jobs import ring_allreduce
+from cruxd.sim.hint_placement import Advisor, FabricLoad
+from cruxd.sim.placement import PLACEMENTS, Extra, place
 from cruxd.sim.trace import host_groups, trace_jobs, trace_stats
 from cruxd.topo.builders import clos2, double_sided
 
@@ -49,7 +51,7 @@ def test_no_gpu_twice_capacity_kept_and_departures_free(
 
 
 def test_unknown_placement_is_named() -> None:
-    with pytest.raises(ValueError, match="placements: packed, none, hived"):
+    with pytest.raises(ValueError, match="placements: packed, none, hived, muri, crux-hints"):
         trace_jobs(TOPO, jobs=1, days=1, placement="random")
 
 
@@ -97,3 +99,87 @@ def test_placement_is_deterministic_per_seed(policy: str) -> None:
         return [(s.job.id, s.job.hosts, s.arrival_s)
                 for s in trace_jobs(TOPO, jobs=200, days=1, seed=seed, placement=policy)]
     assert key(3) == key(3) and key(3) != key(4)
+
+
+SMALL = double_sided(hosts_per_pod=6)  # 3 pods x 6 hosts: cheap hint exports
+S_HOSTS = [h for h in SMALL.hosts if SMALL.nodes[h].gpus > 0]
+S_CAP = np.array([SMALL.nodes[h].gpus for h in S_HOSTS], dtype=np.int64)
+S_GROUP, S_POD = host_groups(SMALL, S_HOSTS)
+
+
+@settings(max_examples=40, deadline=None)
+@given(policy=st.sampled_from(("muri", "crux-hints")),
+       ops=st.lists(st.tuples(st.booleans(), st.sampled_from([2, 4, 8, 12, 16, 24, 32, 48]),
+                              st.sampled_from([1, 2, 4, 8]), st.booleans()),
+                    min_size=1, max_size=25))
+def test_load_aware_placements_keep_the_invariants_with_live_loads(
+        policy: str, ops: list[tuple[bool, int, int, bool]]) -> None:
+    """muri and crux-hints with the running jobs' link loads and the real hint exports:
+    no GPU twice, capacity kept, departures free, TP groups never split over hosts."""
+    fabric = FabricLoad(SMALL, S_GROUP, S_HOSTS)
+    advisor = Advisor(SMALL, S_HOSTS, S_CAP, fabric)
+    ports = {h: SMALL.nic_ports(h) for h in S_HOSTS}
+    free = S_CAP.copy()
+    running: list[tuple[int, list[tuple[int, int]]]] = []
+    for key, (arrive, need, unit, gpt) in enumerate(ops):
+        unit = min(unit, need) if need % min(unit, need) == 0 else 1
+        if arrive or not running:
+            layout = (need // unit, unit, 1) if gpt and need % 8 == 0 and need >= 16 else None
+
+            def advise(f: np.ndarray, n: int, u: int,
+                       layout: tuple[int, int, int] | None = layout) -> list[tuple[int, int]] | None:
+                return advisor.advise(f, n, u, layout)
+            extra = Extra(uplink_load=fabric.uplink_load(), heavy=fabric.heavy(float(need)),
+                          advise=advise)
+            got = place(policy, free, S_CAP, S_GROUP, S_POD, need, False, unit=unit, extra=extra)
+            if got is None:
+                assert need > int((free // unit * unit).sum())
+                continue
+            assert sum(g for _, g in got) == need and len({h for h, _ in got}) == len(got)
+            for h, g in got:
+                assert 0 < g <= free[h] and g % unit == 0
+                free[h] -= g
+            members = tuple((S_HOSTS[h], g) for h, g in got)
+            fabric.add(key, ring_allreduce(members, 1e9, ports), 1.0, float(need))
+            running.append((key, got))
+        else:
+            gone_key, gone = running.pop(need % len(running))
+            fabric.remove(gone_key)
+            for h, g in gone:
+                free[h] += g
+    for gone_key, gone in running:
+        fabric.remove(gone_key)
+        for h, g in gone:
+            free[h] += g
+    assert (free == S_CAP).all() and np.allclose(fabric.gbps, 0.0)
+
+
+def test_crux_hints_steers_away_from_loaded_tors_and_muri_interleaves() -> None:
+    topo = clos2(4, 2, 4)  # 4 ToRs of 4 hosts
+    hosts = topo.hosts
+    cap = np.array([topo.nodes[h].gpus for h in hosts], dtype=np.int64)
+    group, pod = host_groups(topo, hosts)
+    fabric = FabricLoad(topo, group, hosts)
+    free = cap.copy()
+    free[[0, 1, 4, 5]] = 0  # a running job on two hosts under ToR 0 and two under ToR 1
+    busy = (("h0", 8), ("h1", 8), ("h4", 8), ("h5", 8))
+    fabric.add(0, ring_allreduce(busy, 50e9, {h: topo.nic_ports(h) for h, _ in busy}), 1.0,
+               1e12)
+    load = fabric.uplink_load()
+    assert load[0] > 0 and load[1] > 0 and load[2] == load[3] == 0
+    # ToRs 0 and 1 have the fewest free GPUs: HiveD packs there, crux's hints do not
+    assert {int(group[h]) for h, _ in place("hived", free, cap, group, pod, 16, False)
+            or []} <= {0, 1}
+    advisor = Advisor(topo, hosts, cap, fabric)
+    got = advisor.advise(free, 16, 1, None)
+    assert got is not None and {int(group[h]) for h, _ in got} <= {2, 3}
+    assert len({int(group[h]) for h, _ in got}) == 1  # one ToR holds it whole
+    arnold = advisor.advise(free, 16, 8, (2, 8, 1))  # a GPT layout: Arnold's MIP
+    assert arnold is not None and all(g == 8 for _, g in arnold)
+    assert advisor.advise(free, 8, 1, None) is None  # one host: left to the cells
+    heavy = Extra(uplink_load=load, heavy=True)
+    light = Extra(uplink_load=load, heavy=False)
+    got_h = place("muri", free, cap, group, pod, 16, False, extra=heavy)
+    got_l = place("muri", free, cap, group, pod, 16, False, extra=light)
+    assert got_h is not None and {int(group[h]) for h, _ in got_h} <= {2, 3}
+    assert got_l is not None and {int(group[h]) for h, _ in got_l} <= {0, 1}

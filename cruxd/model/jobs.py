@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,4 +75,60 @@ def ring_allreduce(hosts: Sequence[tuple[str, int]], size_bytes: float,
         channels = max(1, min(nic_ports.get(src, 1), nic_ports.get(dst, 1)))
         for c in range(channels):
             flows.append(FlowSpec(src, dst, per_hop / channels, c, c))
+    return tuple(flows)
+
+
+def pipeline_p2p(hosts: Sequence[tuple[str, int]], stages: int, bytes_per_direction: float,
+                 nic_ports: Mapping[str, int]) -> tuple[FlowSpec, ...]:
+    """Inter-host flows of a pipeline's stage-to-stage traffic per iteration.
+
+    The job's GPUs, in ring order, are cut into `stages` equal stages. At every stage
+    boundary the whole batch's activations cross forward and their gradients back:
+    `bytes_per_direction` per boundary (Megatron with the scatter-gather optimisation
+    sends each micro-batch once per boundary, split over the TP ranks). A host sends
+    its share (its GPUs over the stage's) to the host at the same position of the next
+    stage, spread over the NIC rails; pairs on the same host stay off the network.
+    """
+    gpus = sum(g for _, g in hosts)
+    if stages < 2 or gpus < stages or bytes_per_direction <= 0:
+        return ()
+    per_stage: list[list[tuple[str, int]]] = [[] for _ in range(stages)]
+    seen = 0
+    for host, g in hosts:  # a host whose GPUs straddle a boundary joins its first stage
+        per_stage[min(stages - 1, seen * stages // gpus)].append((host, g))
+        seen += g
+    flows: list[FlowSpec] = []
+    for here, there in pairwise(per_stage):
+        if not here or not there:
+            continue
+        size = sum(g for _, g in here)
+        for i, (src, g) in enumerate(here):
+            dst = there[i % len(there)][0]
+            if src == dst:
+                continue
+            share = bytes_per_direction * g / size
+            channels = max(1, min(nic_ports.get(src, 1), nic_ports.get(dst, 1)))
+            for c in range(channels):
+                flows.append(FlowSpec(src, dst, share / channels, c, c))
+                flows.append(FlowSpec(dst, src, share / channels, c, c))
+    return tuple(flows)
+
+
+def all_to_all(hosts: Sequence[tuple[str, int]], bytes_per_gpu: float,
+               nic_ports: Mapping[str, int]) -> tuple[FlowSpec, ...]:
+    """Inter-host flows of an all-to-all in which every GPU sends `bytes_per_gpu`, spread
+    evenly over all the job's GPUs (an embedding exchange): host a sends host b
+    bytes_per_gpu * g_a * g_b / G. One flow per host pair, on rail (pair index mod
+    rails), as NCCL's all-to-all spreads peers over channels."""
+    gpus = sum(g for _, g in hosts)
+    if len(hosts) < 2 or bytes_per_gpu <= 0:
+        return ()
+    flows: list[FlowSpec] = []
+    for i, (src, ga) in enumerate(hosts):
+        for j, (dst, gb) in enumerate(hosts):
+            if i == j or src == dst:
+                continue
+            rails = max(1, min(nic_ports.get(src, 1), nic_ports.get(dst, 1)))
+            port = (i + j) % rails
+            flows.append(FlowSpec(src, dst, bytes_per_gpu * ga * gb / gpus, port, port))
     return tuple(flows)

@@ -4,9 +4,12 @@ Per job, in arrival order (every draw from one `np.random.default_rng(seed)`;
 placement draws nothing, so a seed fixes the jobs):
   * arrival: `jobs` arrivals of a Poisson process over `days` (given their count,
     a Poisson process's arrival times are sorted uniform draws);
-  * GPUs, model, compute time, overlap, gradient bytes: as `cruxd.workload` (sizes
-    8..512, > 10 % of jobs >= 128 GPUs, those GPT/T5; its model profiles), the
-    bytes times `bytes_scale` (1; larger: communication-heavier jobs);
+  * GPUs: as `cruxd.workload` (sizes 8..512, > 10 % of jobs >= 128 GPUs);
+  * model: jobs of >= 128 GPUs are GPT variants (the trace, §2.2), smaller ones mix
+    the §6.3 models (`cruxd.sim.profiles.SMALL_MIX`); the profile (GPT: by size)
+    gives compute time, overlap and traffic at real sizes. Compute time is the
+    profile's x U(0.8, 1.2) x `compute_scale` (the calibration, `COMPUTE_SCALE`),
+    network bytes x U(0.8, 1.2) x `bytes_scale` (1; a knob), overlap +- 0.05;
   * standalone duration: lognormal, median `median_s` (25 min), shape `sigma`
     (1.5), clipped to [`min_s`, `max_s`] (5 min, 7 days), independent of size. At
     the seed's rate (5,000 jobs in 14 days) that is ~19 jobs and ~1,000 GPUs in use
@@ -28,10 +31,13 @@ half, the second half under the first's ToR when possible. Larger jobs (or small
 ones no host has room for): whole free hosts of the one ToR group that fits the
 job most tightly, else of the groups with the most whole free hosts first; then
 partly free hosts, emptiest first; the ring visits hosts in topology order.
+That is the `packed` placement; `placement` picks another (`cruxd.sim.placement`:
+none, hived, muri, crux-hints). `muri` and `crux-hints` also see the running jobs'
+planned link loads (`cruxd.sim.hint_placement.FabricLoad`).
 The simulator does not enforce this: under contention a job runs longer than its
 standalone duration and may overlap jobs that later got its GPUs. Multi-host jobs
-all-reduce their gradients (`ring_allreduce`, one channel per NIC rail);
-single-host jobs have no network flows. Ids: "job<index>-<kind>".
+send their profile's collectives (`cruxd.sim.profiles.profile_flows`); single-host
+jobs have no network flows. Ids: "job<index>-<kind>"; `Job.pattern` is the kind.
 """
 
 from __future__ import annotations
@@ -46,9 +52,11 @@ import numpy as np
 import numpy.typing as npt
 
 from cruxd import workload as wl
-from cruxd.model.jobs import Job, ring_allreduce
+from cruxd.model.jobs import Job
 from cruxd.model.topology import Topology
-from cruxd.sim.placement import PLACEMENTS, Placement, place
+from cruxd.sim import profiles as pf
+from cruxd.sim.hint_placement import Advisor, FabricLoad
+from cruxd.sim.placement import PLACEMENTS, Extra, Placement, place
 from cruxd.sim.run import SimJob
 
 DAY_S = 86400.0
@@ -56,6 +64,10 @@ MEDIAN_S = 1500.0
 SIGMA = 1.5
 MIN_S = 300.0
 MAX_S = 7 * DAY_S
+# The one calibrated number of the workload: the profiles' compute times are multiplied
+# by it so that ECMP under `none` placement on the Clos gives the seed's "None" 0.39
+# (Fig. 25), measured with ecmp alone (docs/evaluation.md says how).
+COMPUTE_SCALE = 1.0
 
 IntArray = npt.NDArray[np.int64]
 
@@ -64,14 +76,16 @@ def trace_jobs(topo: Topology, *, jobs: int, days: float, seed: int = 0, max_gpu
                median_s: float = MEDIAN_S, sigma: float = SIGMA, min_s: float = MIN_S,
                max_s: float = MAX_S, load: float | None = None,
                split_prob: float = wl.SPLIT_PROB, bytes_scale: float = 1.0,
-               placement: str = "packed") -> list[SimJob]:
+               compute_scale: float = COMPUTE_SCALE, placement: str = "packed") -> list[SimJob]:
     """`jobs` trace jobs over `days`, placed on `topo` by `placement` (a name of
     cruxd.sim.placement.PLACEMENTS); see the module docstring."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; placements: "
                          f"{', '.join(PLACEMENTS)}")
-    if jobs < 0 or not days > 0 or not sigma >= 0 or not 0 < min_s <= max_s or bytes_scale < 0:
-        raise ValueError("need jobs, sigma, bytes_scale >= 0, days > 0, 0 < min_s <= max_s")
+    if (jobs < 0 or not days > 0 or not sigma >= 0 or not 0 < min_s <= max_s
+            or bytes_scale < 0 or not compute_scale > 0):
+        raise ValueError("need jobs, sigma, bytes_scale >= 0, days, compute_scale > 0, "
+                         "0 < min_s <= max_s")
     hosts = [h for h in topo.hosts if topo.nodes[h].gpus > 0]
     cap: IntArray = np.array([topo.nodes[h].gpus for h in hosts], dtype=np.int64)
     sizes, probs = wl.size_distribution(int(cap.sum()), max_gpus)
@@ -86,19 +100,23 @@ def trace_jobs(topo: Topology, *, jobs: int, days: float, seed: int = 0, max_gpu
     drawn: list[_Draw] = []
     for i in range(jobs):
         gpus = int(rng.choice(sizes, p=probs))
-        mix = wl.LARGE_MIX if gpus >= wl.LARGE_JOB_GPUS else wl.SMALL_MIX
+        mix = {"gpt": 1.0} if gpus >= pf.LARGE_JOB_GPUS else pf.SMALL_MIX
         kind = list(mix)[int(rng.choice(len(mix), p=list(mix.values())))]
-        model = wl.MODELS[kind]
-        compute = float(rng.uniform(*model.compute_s))
+        prof = pf.profile(kind, gpus)
+        compute = compute_scale * prof.compute_s * float(rng.uniform(*COMPUTE_JITTER))
         jitter = float(rng.uniform(-wl.OVERLAP_JITTER, wl.OVERLAP_JITTER))
-        overlap = float(np.clip(model.overlap + jitter, 0.0, wl.MAX_OVERLAP))
-        nbytes = bytes_scale * model.grad_bytes * float(rng.uniform(*wl.BYTES_JITTER))
+        overlap = float(np.clip(prof.overlap + jitter, 0.0, wl.MAX_OVERLAP))
+        scale = bytes_scale * float(rng.uniform(*wl.BYTES_JITTER))
         duration = float(np.clip(median_s * math.exp(sigma * float(rng.standard_normal())),
                                  min_s, max_s))
         split = bool(rng.random() < split_prob)
-        drawn.append(_Draw(f"job{i:0{width}d}-{kind}", gpus, compute, overlap, nbytes,
+        drawn.append(_Draw(f"job{i:0{width}d}-{kind}", gpus, prof, compute, overlap, scale,
                            duration, split))
     group, pod = host_groups(topo, hosts)
+    aware = placement in ("muri", "crux-hints")
+    fabric = FabricLoad(topo, group, hosts) if aware else None
+    advisor = Advisor(topo, hosts, cap, fabric) if fabric is not None and \
+        placement == "crux-hints" else None
     free = cap.copy()
     out: list[SimJob] = []
     running: list[tuple[float, int, Placement]] = []  # (end, index, placement) heap
@@ -107,7 +125,9 @@ def trace_jobs(topo: Topology, *, jobs: int, days: float, seed: int = 0, max_gpu
     while nxt < jobs or queue:
         if queue:
             d = drawn[queue[0]]
-            placed = place(placement, free, cap, group, pod, d.gpus, d.split)
+            extra = _extra(d, fabric, advisor)
+            placed = place(placement, free, cap, group, pod, d.gpus, d.split,
+                           unit=d.profile.unit, extra=extra)
             if placed is not None or (not running and nxt >= jobs):
                 queue.popleft()
                 if placed is None:
@@ -115,20 +135,26 @@ def trace_jobs(topo: Topology, *, jobs: int, days: float, seed: int = 0, max_gpu
                 for h, g in placed:
                     free[h] -= g
                 members = tuple((hosts[h], g) for h, g in placed)
-                flows = ring_allreduce(members, d.nbytes, {h: ports[h] for h, _ in members})
+                flows = pf.profile_flows(d.profile, members, {h: ports[h] for h, _ in members},
+                                         d.bytes_scale)
                 job = Job(id=d.id, hosts=members, compute_s=d.compute_s,
                           flops=d.gpus * d.compute_s * wl.FLOPS_PER_GPU, overlap=d.overlap,
-                          flows=flows, pattern="ring_allreduce")
+                          flows=flows, pattern=d.profile.kind)
                 period = standalone_period(job, topo)
                 out.append(SimJob(job, arrival_s=now, iterations=max(1.0, d.duration / period)))
+                if fabric is not None:
+                    fabric.add(len(out), flows, period, _rate(d))
                 heapq.heappush(running, (now + d.duration, len(out), placed))
                 continue
         t_dep = running[0][0] if running else math.inf
         t_arr = float(arrivals[nxt]) if nxt < jobs else math.inf
         if t_dep <= t_arr:
             now = t_dep
-            for h, g in heapq.heappop(running)[2]:
+            _, key, gone = heapq.heappop(running)
+            for h, g in gone:
                 free[h] += g
+            if fabric is not None:
+                fabric.remove(key)
         else:
             now = t_arr
             queue.append(nxt)
@@ -136,15 +162,47 @@ def trace_jobs(topo: Topology, *, jobs: int, days: float, seed: int = 0, max_gpu
     return out
 
 
+COMPUTE_JITTER = (0.8, 1.2)  # per-GPU batch and GPU clocks vary around the profile
+
+
 @dataclass(frozen=True, slots=True)
 class _Draw:
     id: str
     gpus: int
+    profile: pf.Profile
     compute_s: float
     overlap: float
-    nbytes: float
+    bytes_scale: float
     duration: float
     split: bool
+
+
+def _rate(d: _Draw) -> float:
+    """Bytes per second of compute a full host of the job sends (ring and all-to-all;
+    pipeline traffic is spread over many host pairs and left out): how communication-
+    heavy muri deems it."""
+    p = d.profile
+    return d.bytes_scale * (2 * p.dp_bytes + 8 * p.a2a_bytes) / d.compute_s
+
+
+def _layout(d: _Draw) -> tuple[int, int, int] | None:
+    """(DP, TP, PP) of a GPT job of whole 8-GPU nodes (Arnold's input), else None."""
+    p = d.profile
+    if p.kind != "gpt" or d.gpus % 8 or d.gpus < 16:
+        return None
+    return d.gpus // (p.unit * p.pp_stages), p.unit, p.pp_stages
+
+
+def _extra(d: _Draw, fabric: FabricLoad | None, advisor: Advisor | None) -> Extra | None:
+    if fabric is None:
+        return None
+    layout = _layout(d)
+    advise = None
+    if advisor is not None:
+        def advise(free: IntArray, need: int, unit: int) -> Placement | None:
+            return advisor.advise(free, need, unit, layout)
+    return Extra(uplink_load=fabric.uplink_load(), heavy=fabric.heavy(_rate(d)),
+                 advise=advise)
 
 
 def standalone_period(job: Job, topo: Topology) -> float:
