@@ -58,9 +58,11 @@ SEED_GAIN = {"clos": "+13 % to +23 %", "double-sided": "+4 % to +7 %"}
 # the seed's Fig. 25 (Clos): GPU utilisation without and with Crux per job scheduler
 FIG25: dict[str, tuple[float, float]] = {"none": (0.39, 0.62), "muri": (0.59, 0.73),
                                          "hived": (0.64, 0.75)}
-# a trace window of 5 s or 3 iterations of the slowest job: on a 0.1-day Clos slice
-# ecmp and crux-full agree with 20 s / 10 iterations to 0.2 % at a third of the time
-TRACE_WINDOW_S, TRACE_WINDOW_PERIODS = 5.0, 3.0
+# a trace window of 5 s or 3 iterations of the slowest job, and iterations shorter than
+# 1 s merged (trace_jobs' min_period_s): on 0.1-day Clos slices ecmp and crux-full
+# agree with the exact run to 0.4 % at a tenth to a thirtieth of the time
+# (docs/evaluation.md, "Simulator speed")
+TRACE_WINDOW_S, TRACE_WINDOW_PERIODS, MIN_PERIOD_S = 5.0, 3.0, 1.0
 FAIR_REPLAN_S = 3600.0  # crux-fair re-decides hourly (its throughput floor needs it)
 
 
@@ -155,7 +157,7 @@ def run_trace(topo: Topology, tname: str, placement: str, policies: list[str],
     t0 = time.perf_counter()
     jobs = trace_jobs(topo, jobs=args.jobs, days=args.days, seed=args.seed,
                       bytes_scale=args.bytes_scale, compute_scale=args.compute_scale,
-                      placement=placement)
+                      placement=placement, min_period_s=args.min_period_s)
     st = trace_stats(jobs, topo)
     print(f"[{tname}, {placement} placement] {topo.name}: {len(topo.hosts)} hosts, "
           f"{st['gpus']} GPUs; trace {time.perf_counter() - t0:.2f} s: {st['jobs']} jobs, "
@@ -234,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--compute-scale", type=float, default=COMPUTE_SCALE,
                     help="multiply the profiles' compute times (default: the calibration, "
                          "see docs/evaluation.md)")
+    ap.add_argument("--min-period-s", type=float, default=MIN_PERIOD_S,
+                    help="simulate shorter iterations merged k at a time (0: exact)")
     ap.add_argument("--window-s", type=float, default=TRACE_WINDOW_S)
     ap.add_argument("--window-periods", type=float, default=TRACE_WINDOW_PERIODS)
     ap.add_argument("--budget-s", type=float, default=0.0,
@@ -247,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"# trace: {args.jobs} jobs over {args.days:g} days, seed {args.seed}, "
           f"bytes x{args.bytes_scale:g}, compute x{args.compute_scale:g}; "
           f"SimConfig(levels=8, window_s={args.window_s:g}, "
-          f"window_periods={args.window_periods:g})")
+          f"window_periods={args.window_periods:g}), min_period_s {args.min_period_s:g}")
     policies: list[str] = []
     for p in [x.strip() for x in args.policies.split(",") if x.strip()]:
         name = registered(p)

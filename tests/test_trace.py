@@ -103,3 +103,22 @@ def test_load_sets_the_mean_demand() -> None:
     hi = trace_stats(trace_jobs(topo, jobs=2000, days=7, seed=0, load=0.4), topo)
     assert 0.1 * topo.total_gpus() < lo["mean_gpus"] < 0.3 * topo.total_gpus()
     assert hi["mean_gpus"] > 1.5 * lo["mean_gpus"]
+
+
+def test_merged_iterations_keep_the_standalone_rate() -> None:
+    """min_period_s simulates short iterations k at a time: k x compute and k x bytes,
+    the same work per second alone, and every merged period reaches the minimum."""
+    topo = clos2(4, 2, 4)
+    exact = trace_jobs(topo, jobs=150, days=1, seed=5, placement="none")
+    merged = trace_jobs(topo, jobs=150, days=1, seed=5, placement="none", min_period_s=1.0)
+    assert [s.job.hosts for s in exact] == [s.job.hosts for s in merged]
+    assert any(s.job.compute_s < 1.0 for s in exact)
+    for a, b in zip(exact, merged, strict=True):
+        pa, pb = standalone_period(a.job, topo), standalone_period(b.job, topo)
+        k = round(b.job.compute_s / a.job.compute_s)
+        assert k == (1 if pa >= 1.0 else int(np.ceil(1.0 / pa)))
+        assert pb >= min(1.0, pa) - 1e-12
+        assert b.job.network_bytes == pytest.approx(k * a.job.network_bytes)
+        assert pb == pytest.approx(k * pa)
+        assert (b.iterations or 0) * pb == pytest.approx((a.iterations or 0) * pa, rel=1e-9) \
+            or (a.iterations == 1.0 or b.iterations == 1.0)

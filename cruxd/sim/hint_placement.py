@@ -24,13 +24,14 @@ traces).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from cruxd.hints import arnold, arnold_mip, spiderflow
-from cruxd.hints.fabric_view import build_view
+from cruxd.hints.fabric_view import FabricView, build_view, split_leaves
 from cruxd.model.jobs import FlowSpec
 from cruxd.model.paths import finder_for
 from cruxd.model.topology import Topology
@@ -101,20 +102,42 @@ class Advisor:
         self.topo, self.hosts, self.cap, self.load = topo, hosts, cap, load
         self.index = {h: i for i, h in enumerate(hosts)}
         self.calls = {"arnold": 0, "spiderflow": 0, "fallback": 0}
+        # the view's fabric part does not change between arrivals: build it once, and
+        # per arrival only put in the GPUs used and the loads (view link <- topo links)
+        self.base = build_view(topo, levels=1)
+        alias = split_leaves(topo)
+        at = {(lk.src, lk.dst): k for k, lk in enumerate(self.base.links)}
+        self.link_of = np.array([at[(alias.get(lk.src, lk.src), alias.get(lk.dst, lk.dst))]
+                                 for lk in topo.links], dtype=np.int64)
 
-    def _view(self, free: IntArray) -> Any:
-        used = {h: int(c - f) for h, c, f in zip(self.hosts, self.cap, free, strict=True)
-                if c > f}
-        loads = {(self.topo.links[i].src, self.topo.links[i].dst): (float(self.load.gbps[i]),)
-                 for i in np.flatnonzero(self.load.gbps > 1e-9)}
-        return build_view(self.topo, used=used, load=loads, levels=1)
+    def _view(self, free: IntArray) -> FabricView:
+        used = dict(zip(self.hosts, (self.cap - free).tolist(), strict=True))
+        hosts = {h: replace(hh, gpus_used=min(hh.gpus, used.get(h, 0)))
+                 for h, hh in self.base.hosts.items()}
+        per_link = np.bincount(self.link_of, weights=self.load.gbps,
+                               minlength=len(self.base.links)).tolist()
+        links = tuple(replace(lk, load_gbps=(g,)) if g > 1e-9 else lk
+                      for lk, g in zip(self.base.links, per_link, strict=True))
+        return replace(self.base, hosts=hosts, links=links)
+
+    def _spiderflow_export(self, view: FabricView) -> dict[str, Any]:
+        """The SpiderFlow export's vertices, scores and widest paths, as numbers (what
+        `spiderflow.export` writes, without rounding them into JSON at every arrival)."""
+        grouped = spiderflow.leaf_groups(view)
+        bw, _ = spiderflow.edge_matrices(view, list(grouped))
+        return {"vertices": [{"pod": view.leaf_pod[g[0]],
+                              "hosts": [{"host": h.host, "gpus": h.gpus,
+                                         "gpus_free": h.gpus_free} for h in hh]}
+                             for g, hh in grouped.items()],
+                "score_gbps": spiderflow.bandwidth_scores(bw).tolist(),
+                "widest_gbps": spiderflow.widest_paths(bw)}
 
     def advise(self, free: IntArray, need: int, unit: int,
                layout: tuple[int, int, int] | None) -> Placement | None:
         if need <= int(self.cap.max()):
             return None  # one host: no fabric to advise on
         view = self._view(free)
-        sf = spiderflow.export(view)
+        sf = self._spiderflow_export(view)
         if layout is not None:
             got = self._arnold(view, sf, free, layout)
             if got is not None:
@@ -124,7 +147,7 @@ class Advisor:
         self.calls["spiderflow" if got is not None else "fallback"] += 1
         return got
 
-    def _arnold(self, view: Any, sf: dict[str, Any], free: IntArray,
+    def _arnold(self, view: FabricView, sf: dict[str, Any], free: IntArray,
                 layout: tuple[int, int, int]) -> Placement | None:
         dp, tp, pp = layout
         try:
@@ -164,7 +187,7 @@ class Advisor:
             chosen = [int(fits[np.lexsort((room[fits], -score[fits]))[0]])]
         else:
             start = int(np.lexsort((-room, -score))[0])
-            wide = np.array([np.inf if x is None else x for x in sf["widest_gbps"][start]])
+            wide = np.asarray(sf["widest_gbps"][start], dtype=np.float64)
             rest = [int(k) for k in np.lexsort((-room, -wide)) if k != start and room[k] > 0]
             chosen, have = [start], int(room[start])
             for k in rest:
