@@ -99,6 +99,8 @@ class _Simulation:
         self.decisions = Decisions()
         self.next_replan = math.inf
         self.replan_every = config.replan_every_s or getattr(policy, "replan_every_s", None)
+        # epochs the policy's throughput looks back over (None: each job's whole life)
+        self.throughput_window: int | None = getattr(policy, "throughput_window", 3)
         self.changed = True  # the set of running jobs changed since the last decision
         self.new: set[str] = set()  # arrived since the last decision
         self.cache: dict[Hashable, np.ndarray] = {}  # steady rates per component signature
@@ -117,7 +119,7 @@ class _Simulation:
         cfg = self.config
         ctx = Context(self.topo, self.finder, tuple(r.job for r in self.running.values()),
                       frozenset(self.new), self.now, cfg.levels,
-                      recent_throughput(self.running), cfg.seed)
+                      recent_throughput(self.running, self.throughput_window), cfg.seed)
         self.decisions = self.policy.decide(ctx)
         if not getattr(self.policy, "ideal_levels", False):
             self.decisions = _fit_levels(self.decisions, cfg.levels)

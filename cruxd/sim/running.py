@@ -41,6 +41,7 @@ class RunningJob:
     period: float  # standalone iteration time
     budget_left: float = math.inf
     recent: list[tuple[float, float]] = field(default_factory=list)  # (dt, iterations)
+    lived_s: float = 0.0  # time booked since it started (its record's active time so far)
     load: TrafficLoad | None = None  # its traffic under the current decisions
     ecmp_load: TrafficLoad | None = None  # its traffic when no flow has a decided path (fixed)
 
@@ -50,6 +51,7 @@ class RunningJob:
         self.record.busy_gpu_s += busy_gpu_s
         self.record.iterations += iterations
         self.recent.append((dt, iterations))
+        self.lived_s += dt
 
     def loaded(self) -> TrafficLoad:
         if self.load is None:  # pragma: no cover - loads are set at every decision
@@ -77,10 +79,16 @@ def job_load(topo: Topology, finder: PathFinder, job: Job, decisions: Decisions,
     return TrafficLoad(loads, alpha, mean, tuple(sorted(loads.items())))
 
 
-def recent_throughput(running: dict[str, RunningJob], window: int = 3) -> dict[str, float]:
-    """Recent throughput over standalone, from the last few epochs of each job."""
+def recent_throughput(running: dict[str, RunningJob],
+                      window: int | None = 3) -> dict[str, float]:
+    """Throughput over standalone, from the last `window` epochs of each job; None: over
+    its whole life so far, what `JobRecord.throughput_ratio` says when it ends."""
     out = {}
     for j, r in running.items():
+        if window is None:
+            if r.lived_s > 0:
+                out[j] = r.record.iterations / r.lived_s * r.period
+            continue
         span = sum(dt for dt, _ in r.recent[-window:])
         if span > 0:
             out[j] = sum(it for _, it in r.recent[-window:]) / span * r.period
