@@ -62,7 +62,7 @@ FIG25: dict[str, tuple[float, float]] = {"none": (0.39, 0.62), "muri": (0.59, 0.
 # 3 s merged (trace_jobs' min_period_s); what each costs in accuracy is measured in
 # docs/evaluation.md, "Simulator speed"
 TRACE_WINDOW_S, TRACE_WINDOW_PERIODS, MIN_PERIOD_S = 5.0, 3.0, 3.0
-FAIR_REPLAN_S = 3600.0  # crux-fair re-decides hourly (its throughput floor needs it)
+FAIR_REPLAN_S = 300.0  # crux-fair looks at every job at least this often (its guard_s)
 
 
 class _OverBudget(Exception):
