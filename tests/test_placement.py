@@ -126,8 +126,8 @@ def test_load_aware_placements_keep_the_invariants_with_live_loads(
         if arrive or not running:
             layout = (need // unit, unit, 1) if gpt and need % 8 == 0 and need >= 16 else None
 
-            def advise(f: np.ndarray, n: int, u: int,
-                       layout: tuple[int, int, int] | None = layout) -> list[tuple[int, int]] | None:
+            def advise(f: np.ndarray, n: int, u: int, layout: tuple[int, int, int] | None = layout
+                       ) -> list[tuple[int, int]] | None:
                 return advisor.advise(f, n, u, layout)
             extra = Extra(uplink_load=fabric.uplink_load(), heavy=fabric.heavy(float(need)),
                           advise=advise)

@@ -101,7 +101,6 @@ class Advisor:
                  ) -> None:
         self.topo, self.hosts, self.cap, self.load = topo, hosts, cap, load
         self.index = {h: i for i, h in enumerate(hosts)}
-        self.calls = {"arnold": 0, "spiderflow": 0, "fallback": 0}
         # the view's fabric part does not change between arrivals: build it once, and
         # per arrival only put in the GPUs used and the loads (view link <- topo links)
         self.base = build_view(topo, levels=1)
@@ -141,11 +140,8 @@ class Advisor:
         if layout is not None:
             got = self._arnold(view, sf, free, layout)
             if got is not None:
-                self.calls["arnold"] += 1
                 return got
-        got = self._spiderflow(sf, free, need, unit)
-        self.calls["spiderflow" if got is not None else "fallback"] += 1
-        return got
+        return self._spiderflow(sf, free, need, unit)
 
     def _arnold(self, view: FabricView, sf: dict[str, Any], free: IntArray,
                 layout: tuple[int, int, int]) -> Placement | None:
