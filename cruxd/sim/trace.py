@@ -151,8 +151,8 @@ def trace_jobs(topo: Topology, *, jobs: int, days: float, seed: int = 0, max_gpu
                 if period < min_period_s:
                     job, period = _merged(job, math.ceil(min_period_s / period), period)
                 out.append(SimJob(job, arrival_s=now, iterations=max(1.0, d.duration / period)))
-                if fabric is not None:
-                    fabric.add(len(out), flows, period, _rate(d))
+                if fabric is not None:  # the job as simulated: merged bytes over merged period
+                    fabric.add(len(out), job.flows, period, _rate(d))
                 heapq.heappush(running, (now + d.duration, len(out), placed))
                 continue
         t_dep = running[0][0] if running else math.inf
