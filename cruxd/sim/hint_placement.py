@@ -50,7 +50,6 @@ class FabricLoad:
         self.gbps = np.zeros(len(topo.links))
         self.jobs: dict[int, FloatArray] = {}
         self.rates: dict[int, float] = {}  # bytes/s a host of each multi-host job sends
-        index = {h: i for i, h in enumerate(hosts)}
         cap = np.asarray(topo.capacity, dtype=np.float64)
         # per ToR group: its ToRs' links to the switches above, and their capacity
         self.up_links: list[IntArray] = []
@@ -64,7 +63,6 @@ class FabricLoad:
                    if not topo.is_host(topo.links[i].dst)]
             self.up_links.append(np.array(ids, dtype=np.int64))
             self.up_cap[g] = float(cap[ids].sum()) if ids else 0.0
-        self.index = index
 
     def add(self, key: int, flows: tuple[FlowSpec, ...], period_s: float, rate: float) -> None:
         vec = np.zeros(len(self.topo.links))
@@ -155,14 +153,13 @@ class Advisor:
             per_pod.setdefault(mp, []).append(rank)
         hosts: list[int | None] = [None] * len(plan.hosts)
         for mp, ranks in per_pod.items():
-            whole = [[self.index[h["host"]] for h in v["hosts"]
-                      if h["gpus"] > 0 and h["gpus_free"] == h["gpus"]]
+            # (free whole nodes, score) per vertex of the minipod
+            verts = [([self.index[h["host"]] for h in v["hosts"]
+                       if h["gpus"] > 0 and h["gpus_free"] == h["gpus"]], s)
                      for v, s in zip(sf["vertices"], sf["score_gbps"], strict=True)
                      if v["pod"] == mp]
-            scores = [s for v, s in zip(sf["vertices"], sf["score_gbps"], strict=True)
-                      if v["pod"] == mp]
-            order = sorted(range(len(whole)), key=lambda k: (-len(whole[k]), -scores[k]))
-            pool = [h for k in order for h in whole[k]][:len(ranks)]
+            verts.sort(key=lambda vs: (-len(vs[0]), -vs[1]))
+            pool = [h for whole, _ in verts for h in whole][:len(ranks)]
             for r, h in zip(ranks, pool, strict=False):
                 hosts[r] = h
         if any(h is None for h in hosts):

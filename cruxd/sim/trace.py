@@ -120,10 +120,8 @@ def trace_jobs(topo: Topology, *, jobs: int, days: float, seed: int = 0, max_gpu
         drawn.append(_Draw(f"job{i:0{width}d}-{kind}", gpus, prof, compute, overlap, scale,
                            duration, split))
     group, pod = host_groups(topo, hosts)
-    aware = placement in ("muri", "crux-hints")
-    fabric = FabricLoad(topo, group, hosts) if aware else None
-    advisor = Advisor(topo, hosts, cap, fabric) if fabric is not None and \
-        placement == "crux-hints" else None
+    fabric = FabricLoad(topo, group, hosts) if placement in ("muri", "crux-hints") else None
+    advisor = Advisor(topo, hosts, cap, fabric) if placement == "crux-hints" and fabric else None
     free = cap.copy()
     out: list[SimJob] = []
     running: list[tuple[float, int, Placement]] = []  # (end, index, placement) heap
