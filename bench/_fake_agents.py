@@ -38,6 +38,8 @@ from typing import Any
 
 from _workload import JobSpec, host_id, inventory_pb, local_job_pb, make_jobs
 
+from cruxd.waits import wait_event
+
 PLANNED = (1, 2, 3)  # JobState PROFILING, SCHEDULED, QUEUED: the scheduler placed it
 # how often a wait_* command looks at the agents; their times are taken when a plan arrives
 # (in _watch), so this only sets how soon the controller hears, at O(agents) CPU a look
@@ -175,8 +177,7 @@ class Worker:
                 first = False
             else:
                 wait = backoff.next()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(a.poke.wait(), wait)
+            await wait_event(a.poke, wait)  # not wait_for: it can swallow the stop's cancel
 
     async def flood(self, start_at: float, seconds: float) -> dict[str, Any]:
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))

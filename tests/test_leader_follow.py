@@ -57,3 +57,17 @@ def test_etcd_first_then_the_list_in_turn() -> None:
         await link.stop()
         return seen
     assert asyncio.run(run()) == ["10.0.0.2:7470", "10.0.0.2:7470", "10.0.0.3:7470"]
+
+
+def test_a_standby_naming_itself_is_stale_so_etcd_is_asked() -> None:
+    """A leader just deposed refuses reports before its campaign has heard who won; if
+    it names itself, the agent asks etcd instead of staying (a CI run once waited 15 s
+    on that)."""
+    async def run() -> str:
+        async def resolve() -> str | None:
+            return "10.0.0.3:7470"
+        link = _link(resolve)
+        await link._follow(_refused("10.0.0.1:7470"))
+        await link.stop()
+        return link.address
+    assert asyncio.run(run()) == "10.0.0.3:7470"

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from cruxd.config.model import ProbingConfig
 from cruxd.control.records import HostPlan, PathTable, ProbedPath
+from cruxd.waits import wait_event
 from probing.int_prober import IntProber
 from probing.responder import ProbeResponder
 from probing.schedule import PeerState, ProbeSchedule
@@ -195,8 +196,7 @@ class SweepProbing:
             wait = None if peer is None else peer.due - time.monotonic()
             if wait is None or wait > 0:
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
+                await wait_event(self._wake, wait)
                 continue
             assert peer is not None
             try:

@@ -24,6 +24,7 @@ from cruxd.rpc import convert, tls
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
+from cruxd.waits import wait_event, within
 
 LOG = logging.getLogger(__name__)
 RPC_TIMEOUT_S = 5.0
@@ -92,7 +93,7 @@ class LeaderLink:
             await asyncio.gather(self._closing, return_exceptions=True)
         if self._channel is not None:
             try:
-                await asyncio.wait_for(self._channel.close(grace=None), 2.0)
+                await within(self._channel.close(grace=None), 2.0)
             except TimeoutError:
                 LOG.warning("closing the channel to the leader timed out")
 
@@ -116,9 +117,10 @@ class LeaderLink:
             named = dict(exc.trailing_metadata() or ()).get(LEADER_TRAILER)
             # only a configured leader: a redirect elsewhere would take the bearer token
             # (and the host's reports) to whoever answered
-            if named in self._candidates:
+            # (a standby naming itself is stale: just deposed, it has not heard who won)
+            if named in self._candidates and named != self.address:
                 target = named
-            elif named:
+            elif named and named != self.address:
                 LOG.warning("leader %s names %.80r as the active leader, which is not in "
                             "agent.leader or agent.leader_fallback; not followed",
                             self.address, named)
@@ -174,8 +176,7 @@ class LeaderLink:
                     wait = 0.0
                 else:  # with etcd to ask, ask often: the new leader may be elected now
                     wait = min(backoff.next(), 1.0) if self._resolve else backoff.next()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), wait)
+            await wait_event(self._poke, wait)
 
     async def _watch_loop(self) -> None:
         backoff = Backoff(self._backoff_max_s)

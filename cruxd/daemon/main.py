@@ -30,6 +30,7 @@ from cruxd.daemon.exporter import Metrics
 from cruxd.daemon.logs import setup_logging
 from cruxd.daemon.notify import Notifier, watchdog_loop
 from cruxd.errors import UsageError
+from cruxd.waits import within
 
 if TYPE_CHECKING:  # imported when a role starts: an agent-only host never loads the leader
     from cruxd.agent.core import Agent
@@ -246,7 +247,7 @@ def _cause(exc: OSError) -> str:
 
 async def _bounded(step: Awaitable[object], what: str, timeout: float = GRACE_S) -> None:
     try:
-        await asyncio.wait_for(step, timeout)
+        await within(step, timeout)
     except TimeoutError:
         LOG.error("stopping the %s took over %g s; going on without it", what, timeout)
 

@@ -13,13 +13,14 @@ ones at debug, so a missing socket does not flood the journal every watchdog pin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import re
 import socket
 import time
 from collections.abc import Mapping
+
+from cruxd.waits import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -174,5 +175,4 @@ async def watchdog_loop(notifier: Notifier, stop: asyncio.Event) -> None:
         return
     while not stop.is_set():
         notifier.watchdog()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
+        await wait_event(stop, interval)

@@ -10,7 +10,6 @@ deadline (an agent timeout, the end of a profiling window).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -38,6 +37,7 @@ from cruxd.model.topology import Topology
 from cruxd.scheduler.dscp import can_profile
 from cruxd.scheduler.incremental import IncrementalPlanner
 from cruxd.scheduler.planner import PlanConfig
+from cruxd.waits import cancelled, wait_event
 
 LOG = logging.getLogger(__name__)
 PERSIST_DELAY_S = 0.1
@@ -139,12 +139,10 @@ class Leader(LeaderRpcs):
     async def deactivate(self) -> None:
         """HA: this leader lost the election: stop planning, end the plan streams (agents
         go looking for the new leader) and forget the state (the next term reloads it)."""
-        self.role = "standby"
+        self.role, self.active_leader = "standby", ""  # not us; the campaign learns who
         await self.hints.stop()
-        for task in (self._task, self._persist):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        await cancelled(self._task, "the planner")
+        await cancelled(self._persist, "the state saver")
         self._published.set()
         self.plan, self.state, self.not_publishing = None, self._fresh_state(), ""
         self._causes, self._first_event = [], None
@@ -199,8 +197,7 @@ class Leader(LeaderRpcs):
         while True:
             deadline = self.state.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self.clock()) + 0.01
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            await wait_event(self._wake, timeout)
             if self._wake.is_set() and self.config.leader.debounce_ms > 0:
                 await asyncio.sleep(self.config.leader.debounce_ms / 1000)
             self._wake.clear()
