@@ -131,6 +131,12 @@ class Ring:
         self._connect()
 
     def _connect(self) -> None:
+        # Read before connecting: the shim reads the table at connect(), and a plan that
+        # lands between the two must look like a change (one spare rebuild), never like
+        # what the connection already has. Read after accept(), it once did: the ring
+        # kept a kernel port from before the TCP sweep for the whole run, on the wrong
+        # spine (CI, test_testbed_rig).
+        self.decisions.at_connect = self.decisions.now()
         box: dict[str, socket.socket] = {}
         addr, port = self.nxt
         t = threading.Thread(target=lambda: box.setdefault("out",
@@ -144,7 +150,6 @@ class Ring:
         self.next = box["out"]
         self.prev.settimeout(None)
         self.next.settimeout(None)
-        self.decisions.at_connect = self.decisions.now()
 
     def allreduce(self, hop_bytes: int) -> None:
         """`hop_bytes` in 2(n-1) steps, done as NCCL's ring does it: the data is cut into
