@@ -188,3 +188,35 @@ def test_a_sliver_of_bytes_below_float_resolution_does_not_stall() -> None:
     res = eng.run([state], t0, t0 + 2.0)
     assert res.end == t0 + 2.0
     assert res.iterations[0] >= 2
+
+
+@given(allocations(), st.lists(st.integers(0, 4), min_size=1, max_size=6))
+def test_links_alike_once_each_give_the_same_rates_bit_for_bit(
+        case: tuple, copies: list[int]) -> None:  # type: ignore[type-arg]
+    """The engine solves over distinct links only (`Engine._distinct_links`): repeating a
+    link, same capacity and same weights, must not change a rate, not even by rounding."""
+    weights, cap, level = case
+    extra = [c % weights.shape[1] for c in copies]
+    more = allocate(np.hstack([weights, weights[:, extra]]), np.concatenate([cap, cap[extra]]),
+                    level)
+    assert np.array_equal(allocate(weights, cap, level), more)
+
+
+def test_an_engine_with_links_alike_runs_as_one_without_them() -> None:
+    from cruxd.sim.engine import Engine, initial_state
+
+    def run(m_bytes: np.ndarray, capacity: np.ndarray) -> tuple[list[float], float]:
+        eng = Engine(compute_s=np.array([0.3, 0.5, 0.4]), overlap=np.array([0.0, 0.5, 0.2]),
+                     gpus=np.array([8.0, 16.0, 8.0]), m_bytes=m_bytes,
+                     mean_flow=np.array([1e9, 2e9, 1e9]), capacity=capacity,
+                     level=np.array([0, 0, 1]), alpha=np.array([1e-5] * 3),
+                     budget=np.array([np.inf] * 3))
+        states = [initial_state(0.0, c, o, "compute") for c, o in ((0.3, 0.0), (0.5, 0.5),
+                                                                     (0.4, 0.2))]
+        res = eng.run(states, 0.0, 20.0)
+        return res.iterations.tolist(), float(res.busy.sum())
+    m = np.array([[1e9, 2e9, 0.0], [2e9, 2e9, 4e9], [0.0, 1e9, 1e9]])
+    cap = np.array([12.5e9, 12.5e9, 25e9])
+    # the second link twice over, and the first three times: the same run
+    twice = run(np.hstack([m, m[:, [1, 0, 0]]]), np.concatenate([cap, cap[[1, 0, 0]]]))
+    assert twice == run(m, cap)

@@ -32,7 +32,10 @@ def allocate(weights: np.ndarray, capacity: np.ndarray, level: np.ndarray) -> np
     residual = capacity.astype(np.float64).copy()
     uses = weights > 0
     rate[~uses.any(axis=1)] = np.inf
-    for lv in np.unique(level)[::-1]:
+    # one level is the common case (ECMP and the baselines): np.unique costs more than
+    # the filling there
+    top = level.max()
+    for lv in [top] if level.min() == top else np.unique(level)[::-1]:
         active = (level == lv) & np.isfinite(rate) & uses.any(axis=1)
         while active.any():
             load = weights[active].sum(axis=0)
