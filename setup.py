@@ -6,7 +6,7 @@ pyproject.toml holds the metadata; this file only hooks two generators into the 
   them in the source tree's cruxd/rpc/gen/ (git-ignored); wheels get them in the build
   directory. protoc writes absolute imports (`from crux.v1 import common_pb2`) that would need
   a top-level `crux` package, so they are made package-relative here.
-* build_ext compiles the C libraries the daemon and jobs load (plain shared objects for
+* build_ext compiles the C libraries the daemon, jobs and simulator load (plain shared objects for
   ctypes and the dynamic loader, not Python extension modules) into transport/native/, where
   transport/native.py finds them. Nothing compiles at run time. The wrapper libibverbs is
   built twice: libcrux_ibverbs.so (LD_PRELOAD, NCCL_IBVERBS_LIB) and ibverbs/libibverbs.so,
@@ -90,6 +90,7 @@ LIBS = [
     SharedLib(f"{NATIVE}.libcrux_ibverbs", WRAPPER_SRC, **WRAPPER),  # type: ignore[arg-type]
     SharedLib(f"{NATIVE}.ibverbs.libibverbs", WRAPPER_SRC, **WRAPPER),  # type: ignore[arg-type]
     SharedLib(f"{NATIVE}.libcrux_sock", ["crux_sock.c"], libraries=("dl",)),
+    SharedLib(f"{NATIVE}.libcrux_rates", ["sim/crux_rates.c"], libraries=("m",)),
 ]
 
 
@@ -112,7 +113,9 @@ class BuildSharedLibs(build_ext):
         out = Path(self.get_ext_fullpath(ext.name))
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(self.build_temp) / ext.name
-        cflags = ["-std=c11", "-O2", "-fPIC", "-pthread", "-Wall", "-Wextra",
+        # -ffp-contract=off: no fused multiply-adds, so libcrux_rates gives numpy's doubles
+        cflags = ["-std=c11", "-O2", "-ffp-contract=off", "-fPIC", "-pthread", "-Wall",
+                  "-Wextra",
                   "-fvisibility=hidden" if ext.version_script else "-fvisibility=default"]
         objects = self.compiler.compile(ext.sources, output_dir=str(tmp),
                                         extra_postargs=cflags, depends=list(_headers()))

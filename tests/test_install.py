@@ -77,7 +77,7 @@ def test_the_wheel_has_the_libraries_where_crux_run_points(installed: Path) -> N
     assert exports["NCCL_IBVERBS_LIB"] == str(native / "ibverbs" / "libibverbs.so")
     assert exports["LD_LIBRARY_PATH"].split(":")[0] == str(native / "ibverbs")
     for lib in ("libcrux_ibverbs.so", "ibverbs/libibverbs.so", "libcrux_pcie.so",
-                "libcrux_sampler.so", "libcrux_sock.so"):
+                "libcrux_sampler.so", "libcrux_sock.so", "libcrux_rates.so"):
         assert (native / lib).is_file(), lib
     assert exports["LD_PRELOAD"] == str(native / "libcrux_sock.so")
     # the wrapper's own dependency is the real library, not itself

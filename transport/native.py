@@ -2,6 +2,7 @@
 
     libcrux_pcie.so        PCIe semaphores (transport/pcie.py, the wrapper's gating)
     libcrux_sampler.so     the agent's NIC counter loop (cruxd/measure/sampling/csampler.py)
+    libcrux_rates.so       the trace simulator's rate solver (cruxd/sim/rates.py)
     libcrux_ibverbs.so     the wrapper libibverbs, for LD_PRELOAD and NCCL_IBVERBS_LIB
     ibverbs/libibverbs.so  the same wrapper under the name NCCL <= 2.29 dlopen()s: crux-run
                            puts this directory first on the job's LD_LIBRARY_PATH
@@ -24,6 +25,7 @@ PCIE = "libcrux_pcie.so"
 SAMPLER = "libcrux_sampler.so"
 IBVERBS = "libcrux_ibverbs.so"
 SOCK = "libcrux_sock.so"
+RATES = "libcrux_rates.so"
 
 
 class NativeLibraryMissing(FileNotFoundError):

@@ -9,11 +9,24 @@ level, progressive filling raises every unfrozen entity's rho together and freez
 the entities of each link that fills: the classic flow-level max-min fairness,
 with a collective's flows tied together. Higher levels are served first and lower
 levels share what is left (strict priority, preemptive).
+
+`allocate` runs the same steps in C (shim/sim/crux_rates.c, built into
+transport/native/libcrux_rates.so), which gives the same doubles as the numpy reference
+here: the simulator calls it ~10^5 times a run on small problems, where numpy's per-call
+overhead was most of the run. Without the library the reference runs (`solver()` says
+which, and why).
 """
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
 import numpy as np
+
+from transport import native
 
 _EPS = 1e-12
 
@@ -25,6 +38,21 @@ def allocate(weights: np.ndarray, capacity: np.ndarray, level: np.ndarray) -> np
     capacity: (links,) bytes/s; level: (entities,) larger = higher priority.
     An entity with no link gets rate inf (nothing limits it).
     """
+    fn = _native()[0]
+    if fn is None:
+        return allocate_numpy(weights, capacity, level)
+    n, links = weights.shape
+    w = np.ascontiguousarray(weights, dtype=np.float64)
+    cap = np.ascontiguousarray(capacity, dtype=np.float64)
+    lv = np.ascontiguousarray(level, dtype=np.float64)
+    rate = np.empty(n)
+    if fn(w.ctypes.data, n, links, cap.ctypes.data, lv.ctypes.data, rate.ctypes.data) != 0:
+        raise MemoryError("crux_rates_allocate: out of memory")
+    return rate
+
+
+def allocate_numpy(weights: np.ndarray, capacity: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """`allocate` in numpy: the reference the C solver is tested against, bit for bit."""
     n = weights.shape[0]
     rate = np.zeros(n)
     if n == 0:
@@ -43,9 +71,31 @@ def allocate(weights: np.ndarray, capacity: np.ndarray, level: np.ndarray) -> np
             share = np.full(len(residual), np.inf)
             share[busy] = np.maximum(residual[busy], 0.0) / load[busy]
             inc = share.min()
+            if not np.isfinite(inc):  # weights too small to fill any link: unlimited
+                rate[active] = np.inf
+                break
             rate[active] += inc
             residual[busy] -= inc * load[busy]
             full = busy & (share <= inc * (1 + 1e-9) + _EPS)
             frozen = active & uses[:, full].any(axis=1)
             active &= ~frozen
     return rate
+
+
+def solver() -> str:
+    """Which solver `allocate` uses here, and why not C if not."""
+    fn, why = _native()
+    return "C (libcrux_rates.so)" if fn is not None else f"numpy ({why})"
+
+
+@cache
+def _native() -> tuple[Callable[..., Any] | None, str]:
+    try:
+        lib = ctypes.CDLL(str(native.library(native.RATES)))
+    except OSError as exc:  # NativeLibraryMissing included
+        return None, str(exc)
+    fn = lib.crux_rates_allocate
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_void_p]
+    return fn, ""
