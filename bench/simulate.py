@@ -37,6 +37,7 @@ from tables import preamble, table  # bench/ is on sys.path when run as a script
 from cruxd.model.topology import Topology
 from cruxd.sim.placement import PLACEMENTS
 from cruxd.sim.policies import POLICIES, make_policy
+from cruxd.sim.rates import solver
 from cruxd.sim.run import SimConfig, SimJob, simulate
 from cruxd.sim.trace import COMPUTE_SCALE, DAY_S, trace_jobs, trace_stats
 from cruxd.topo.builders import double_sided, trace_clos
@@ -244,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.quick:
         args.days, args.jobs = 0.25, 90
-    preamble(f"numpy {np.__version__}")
+    preamble(f"numpy {np.__version__}", f"rate solver {solver()}")
     if args.procs < 1:
         ap.error("--procs must be >= 1")
     print(f"# trace: {args.jobs} jobs over {args.days:g} days, seed {args.seed}, "
