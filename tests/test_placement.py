@@ -183,3 +183,29 @@ def test_crux_hints_steers_away_from_loaded_tors_and_muri_interleaves() -> None:
     got_l = place("muri", free, cap, group, pod, 16, False, extra=light)
     assert got_h is not None and {int(group[h]) for h, _ in got_h} <= {2, 3}
     assert got_l is not None and {int(group[h]) for h, _ in got_l} <= {0, 1}
+
+
+def test_muri_takes_a_pods_hosts_by_their_tors_uplink_load() -> None:
+    """On the trace's Clos a ToR group is 16 GPUs, so a larger job is placed in the pod;
+    there muri orders the hosts by their ToR group's uplink load (HiveD: most free
+    first), which is what sets it apart from hived there."""
+    topo = clos2(4, 2, 2)  # 4 ToRs of 2 hosts of 8 GPUs
+    hosts = topo.hosts
+    cap = np.array([topo.nodes[h].gpus for h in hosts], dtype=np.int64)
+    group, pod = host_groups(topo, hosts)
+    fabric = FabricLoad(topo, group, hosts)
+    free = cap.copy()
+    free[[0, 2]] = 0  # a running job across ToRs 0 and 1
+    busy = (("h0", 8), ("h2", 8))
+    fabric.add(0, ring_allreduce(busy, 50e9, {h: topo.nic_ports(h) for h, _ in busy}), 1.0,
+               1e12)
+    load = fabric.uplink_load()
+    assert load[0] > 0 and load[1] > 0 and load[2] == load[3] == 0
+
+    def tors(policy: str, extra: Extra | None = None) -> list[int]:
+        got = place(policy, free, cap, group, pod, 24, False, extra=extra)
+        assert got is not None and sum(g for _, g in got) == 24
+        return sorted(int(group[h]) for h, _ in got)
+    assert tors("hived") == [0, 1, 2]  # whole free hosts in host order: h1, h3, h4
+    assert tors("muri", Extra(uplink_load=load, heavy=True)) == [2, 2, 3]  # quiet ToRs
+    assert tors("muri", Extra(uplink_load=load, heavy=False)) == [0, 1, 2]  # busy first

@@ -24,8 +24,10 @@ numbers, so a trace's seed fixes its jobs whatever the placement.
   least the median rate of the running multi-host jobs) takes the cell whose ToR
   uplinks carry the least load, and a light one the cell whose uplinks carry the most
   (leaving the quiet links to the heavy jobs); equal loads go to the fullest cell.
-  Not modelled: Muri's time-sharing of GPUs between interleaved jobs, and its storage
-  and CPU resources.
+  Inside a cell that holds the job only across hosts (a pod, on the trace's Clos,
+  whose ToR groups are 16 GPUs), hosts are taken in the same order of their ToR
+  group's uplink load. Not modelled: Muri's time-sharing of GPUs between interleaved
+  jobs, and its storage and CPU resources.
 * `crux-hints`: crux as the scheduler's advisor (`cruxd.sim.hint_placement`).
 
 A job whose GPUs form tensor-parallel groups of `unit` GPUs gets them in whole groups
@@ -139,18 +141,25 @@ def _cells(free: IntArray, cap: IntArray, group: IntArray, pod: IntArray, need: 
             cell = int(fits[key[0]])
         else:
             cell = int(fits[np.argmin(key)])
-        return _pack(free, np.flatnonzero(cell_of == cell), need, unit)
+        hosts = np.flatnonzero(cell_of == cell)
+        return _pack(free, hosts, need, unit, None if load is None else load[hosts])
     return None
 
 
-def _pack(free: IntArray, hosts: IntArray, need: int, unit: int = 1) -> Placement | None:
+def _pack(free: IntArray, hosts: IntArray, need: int, unit: int = 1,
+          load: FloatArray | None = None) -> Placement | None:
     """`need` GPUs from `hosts`: one host if one fits (best fit), else the hosts with the
-    most free GPUs first (whole free hosts before partly free ones)."""
+    most free GPUs first (whole free hosts before partly free ones); with a `load` per
+    host (muri), the hosts of least load first, then those."""
     room = free[hosts] // unit * unit
     one = np.flatnonzero(room >= need)
     if len(one):
         return [(int(hosts[one[np.argmin(room[one])]]), need)]
-    return _take(free, hosts[np.argsort(-room, kind="stable")].tolist(), need, unit)
+    if load is None:
+        order = np.argsort(-room, kind="stable")
+    else:  # lexsort: the last key is the first; ties keep host order (stable)
+        order = np.lexsort((-room, np.round(load, 6)))
+    return _take(free, hosts[order].tolist(), need, unit)
 
 
 def _best_fit(free: IntArray, need: int, allowed: npt.NDArray[np.bool_]) -> int | None:
