@@ -150,7 +150,7 @@ def _pack(free: IntArray, hosts: IntArray, need: int, unit: int = 1,
           load: FloatArray | None = None) -> Placement | None:
     """`need` GPUs from `hosts`: one host if one fits (best fit), else the hosts with the
     most free GPUs first (whole free hosts before partly free ones); with a `load` per
-    host (muri), the hosts of least load first, then those."""
+    host (muri), least load first and, among equal loads, most free first."""
     room = free[hosts] // unit * unit
     one = np.flatnonzero(room >= need)
     if len(one):
