@@ -66,7 +66,10 @@ def allocate_numpy(weights: np.ndarray, capacity: np.ndarray, level: np.ndarray)
     for lv in [top] if level.min() == top else np.unique(level)[::-1]:
         active = (level == lv) & np.isfinite(rate) & uses.any(axis=1)
         while active.any():
-            load = weights[active].sum(axis=0)
+            # added in entity order, as the C solver does: ndarray.sum switches to
+            # pairwise summation when the summed axis is contiguous (one link), and its
+            # last bits then depend on numpy's blocking
+            load = np.add.accumulate(weights[active], axis=0)[-1]
             busy = load > _EPS
             share = np.full(len(residual), np.inf)
             share[busy] = np.maximum(residual[busy], 0.0) / load[busy]

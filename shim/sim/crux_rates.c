@@ -5,7 +5,7 @@
  * entities (a job's collective) that load each link with rate * weight. It is the
  * numpy reference (rates.py, _allocate_numpy) step for step and in the same floating-
  * point order, so both give the same doubles: a link's load adds the active entities'
- * weights in entity order, as numpy's axis-0 sum does, and the build turns FMA
+ * weights in entity order (the reference's np.add.accumulate), and the build turns FMA
  * contraction off (setup.py). tests/test_sim_rates_native.py checks the two agree bit for
  * bit. It exists for speed only: the simulator's ECMP-path runs spent most of their
  * time in numpy's per-call overhead on problems of ~10 entities and ~50 links.
