@@ -4,6 +4,7 @@ doubles, bit for bit, so simulator results do not depend on which one ran."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -51,3 +52,10 @@ def test_edges() -> None:
     # levels given as floats, and a transposed (non-contiguous) weight matrix
     wt = np.asfortranarray(np.array([[1.0, 1.0], [1.0, 0.0]]))
     assert allocate(wt, np.array([10.0, 4.0]), np.array([1.0, 0.0])).tolist() == [4.0, 6.0]
+
+
+def test_mismatched_shapes_are_refused_before_c_reads_them() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        allocate(np.ones((2, 3)), np.ones(2), np.zeros(2))
+    with pytest.raises(ValueError, match="level"):
+        allocate(np.ones((2, 3)), np.ones(3), np.zeros(3))

@@ -45,6 +45,9 @@ def allocate(weights: np.ndarray, capacity: np.ndarray, level: np.ndarray) -> np
     w = np.ascontiguousarray(weights, dtype=np.float64)
     cap = np.ascontiguousarray(capacity, dtype=np.float64)
     lv = np.ascontiguousarray(level, dtype=np.float64)
+    if cap.shape != (links,) or lv.shape != (n,):  # C would read past them
+        raise ValueError(f"allocate: {n} x {links} weights, but capacity {cap.shape} and "
+                         f"level {lv.shape}")
     rate = np.empty(n)
     if fn(w.ctypes.data, n, links, cap.ctypes.data, lv.ctypes.data, rate.ctypes.data) != 0:
         raise MemoryError("crux_rates_allocate: out of memory")
