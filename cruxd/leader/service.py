@@ -160,13 +160,9 @@ class Leader(LeaderRpcs):
 
     async def stop(self) -> None:
         await self.hints.stop()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancelled(self._task, "the planner")
         self._published.set()  # release streams so the server can drain
-        if self._persist is not None:
-            self._persist.cancel()
-            await asyncio.gather(self._persist, return_exceptions=True)
+        await cancelled(self._persist, "the state saver")
         if self.role == "single":
             self._save()  # flush: the newest view, even if no plan followed it
 
