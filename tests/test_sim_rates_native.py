@@ -49,6 +49,10 @@ def test_edges() -> None:
     for fn in (allocate, allocate_numpy):
         assert fn(w, np.array([4.0, 2.0]), np.array([0, 0, 0])).tolist() == [
             np.inf, np.inf, 2.0]
+    # a NaN level is never served (the C solver once looped for ever on it)
+    for fn in (allocate, allocate_numpy):
+        assert fn(np.ones((2, 1)), np.array([4.0]), np.array([np.nan, 0.0])).tolist() == [
+            0.0, 4.0]
     # levels given as floats, and a transposed (non-contiguous) weight matrix
     wt = np.asfortranarray(np.array([[1.0, 1.0], [1.0, 0.0]]))
     assert allocate(wt, np.array([10.0, 4.0]), np.array([1.0, 0.0])).tolist() == [4.0, 6.0]

@@ -43,7 +43,9 @@ int crux_rates_allocate(const double *weights, int64_t n, int64_t links,
         for (int64_t e = 0; e < links; e++)
             if (w[e] > 0) { linked[i] = 1; break; }
         rate[i] = linked[i] ? 0.0 : INFINITY;
-        done[i] = !linked[i];
+        /* a NaN level equals none, so the reference never serves it (rate 0); here it
+         * would never be marked served either, and the level loop would not end */
+        done[i] = !linked[i] || isnan(level[i]);
     }
     for (;;) {
         /* the highest level not served yet */
