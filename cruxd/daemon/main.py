@@ -3,6 +3,10 @@
 One asyncio event loop carries everything. SIGTERM/SIGINT stop gracefully
 (in-flight RPCs get `GRACE_S`, state is flushed); SIGHUP re-reads the
 configuration file and keeps the running one if the new file is bad.
+
+One cruxd per state directory (instance_lock.py): the lock is taken before anything in
+the state or runtime directory is read or written, so a daemon refused it writes nothing;
+and a leader that never started serving does not save its state on the way out.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from cruxd import __version__
 from cruxd.config.hostport import format_hostport, parse_hostport
 from cruxd.config.model import Config, changed_keys
 from cruxd.config.parse import ConfigError, load_config, restart_required
+from cruxd.daemon import instance_lock
 from cruxd.daemon.exporter import Metrics
+from cruxd.daemon.listen_check import bind_problem
 from cruxd.daemon.logs import setup_logging
 from cruxd.daemon.notify import Notifier, watchdog_loop
 from cruxd.errors import UsageError
@@ -60,6 +66,8 @@ class Daemon:
         self.leader: Leader | None = None
         self.candidate: Candidate | None = None  # [leader] ha = "etcd"
         self.agent: Agent | None = None
+        self.lock: instance_lock.InstanceLock | None = None
+        self.running = False  # start() completed
 
     def preflight(self) -> None:
         """What the configuration names but the host refuses is the operator's to fix: one
@@ -68,6 +76,10 @@ class Daemon:
 
         c = self.config
         self._directory(c.state_dir, 0o750, "daemon.state_dir")
+        try:  # first: a second cruxd on this state_dir must not touch the first's files
+            self.lock = instance_lock.acquire(c.state_dir)
+        except UsageError as exc:
+            raise (self._refused(exc.where, exc.why) if exc.where else exc) from None
         self._directory(c.runtime_dir, 0o755, "daemon.runtime_dir")
         try:
             tls.check_files(c.tls)
@@ -115,8 +127,12 @@ class Daemon:
         from cruxd.rpc import tls
 
         c = self.config
-        self.leader = leader = Leader(c, load_topology(c.leader.topology),
-                                      self.metrics.on_plan, self.metrics.on_reject)
+        # before the state is restored, and before gRPC, whose C core logs a failed bind
+        # to stderr ahead of the one line the operator should see
+        if why := bind_problem(c.leader.listen):
+            raise self._refused("leader.listen", f"cannot listen on {c.leader.listen}: {why}")
+        leader = Leader(c, load_topology(c.leader.topology), self.metrics.on_plan,
+                        self.metrics.on_reject)
         if not c.leader.ha:
             leader.restore()
         # gRPC sets SO_REUSEPORT by default: a second leader on a taken port would bind it
@@ -144,6 +160,9 @@ class Daemon:
             self.candidate.start()
         else:
             leader.start()
+        # only now: shutdown() flushes self.leader's state, and a leader that never ran
+        # has nothing to flush but what it read (rewriting it is how issue 31 lost state)
+        self.leader = leader
         for name in (SERVICE, ""):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         LOG.info("leader listening on %s%s", leader.address, " (mTLS)" if creds else "")
@@ -162,6 +181,7 @@ class Daemon:
 
     async def run(self) -> int:
         await self.start()
+        self.running = True
         # A leader holds ~1M long-lived objects at 5,000 jobs; full collections of them
         # took 0.2-0.5 s each and freed nothing (bench/control_plane.py). Move what
         # start-up built out of the collector's sight and collect the young less often.
@@ -212,7 +232,9 @@ class Daemon:
 
     async def shutdown(self) -> None:
         self.notifier.stopping()
-        LOG.info("stopping")
+        # a daemon that never ran says why in one line; "stopping" would only bury it
+        level = logging.INFO if self.running else logging.DEBUG
+        LOG.log(level, "stopping")
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
         # each step is bounded: a stuck peer must not keep the daemon from exiting
@@ -225,7 +247,7 @@ class Daemon:
         if self.server is not None:
             await _bounded(self.server.stop(GRACE_S), "gRPC server", GRACE_S + 1)
         self.metrics.close()
-        LOG.info("stopped")
+        LOG.log(level, "stopped")
 
 
 def _enable_reflection(server: grpc.aio.Server) -> None:
@@ -259,10 +281,14 @@ async def serve(config: Config, path: Path | None, notifier: Notifier) -> int:
         loop.add_signal_handler(sig, daemon.stop_event.set)
     loop.add_signal_handler(signal.SIGHUP, daemon.reload_event.set)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks to stderr, for hangs
-    daemon.preflight()
     try:
-        return await daemon.run()
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await daemon.shutdown()
-        raise
+        daemon.preflight()
+        try:
+            return await daemon.run()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await daemon.shutdown()
+            raise
+    finally:  # after shutdown's last write; a daemon refused the lock never held it
+        if daemon.lock is not None:
+            daemon.lock.release()
