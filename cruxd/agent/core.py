@@ -18,7 +18,7 @@ from cruxd.agent.dataplane import DataPlane
 from cruxd.agent.inventory import discover_nics, gpu_count
 from cruxd.agent.job_store import JobStore
 from cruxd.agent.leader_finder import LeaderFinder
-from cruxd.agent.local_api import AgentStatus, Refusal, Refused
+from cruxd.agent.local_api import AgentStatus, Refusal, Refused, StartInfo
 from cruxd.agent.local_rpc import LocalRpc
 from cruxd.agent.local_server import Limits, LocalServer, PeerCred, group_id
 from cruxd.agent.registry import Registry
@@ -73,9 +73,6 @@ class Agent:
         self.probing = probing(inputs)
         self.gpus = gpu_count(a.gpus)
         self.table = TableWriter.open(a.decision_table, capacity=a.table_capacity)
-        self.server = LocalServer(a.socket, group_id(a.socket_group), LocalRpc(self).handle,
-                                  Limits(a.max_connections, a.max_connections_per_uid,
-                                         a.request_timeout_s))
         self.store = JobStore(self.state_file)
         self.finder = LeaderFinder(config.leader) if config.leader.ha == "etcd" else None
         self.link = LeaderLink(leader_address, config.tls, self.host_id, self.report,
@@ -83,6 +80,10 @@ class Agent:
                                lambda: self.table.header().plan_generation,
                                token_path=config.agent.leader_token,
                                fallback=a.leader_fallback, resolve=self.finder)
+        # last: its handler sees the agent whole (local_api.LocalAgent)
+        self.server = LocalServer(a.socket, group_id(a.socket_group), LocalRpc(self).handle,
+                                  Limits(a.max_connections, a.max_connections_per_uid,
+                                         a.request_timeout_s))
         self.rejected = 0
         self.term = 0  # the newest leader term seen: plans from older ones are refused
         self.stale_refused = 0
@@ -277,6 +278,11 @@ class Agent:
             raise Refused(Refusal.NOT_ALLOWED, f"job {job_id!r} belongs to pid(s) "
                           f"{', '.join(map(str, owners))}")
         self.registry.deregister(job_id, cred.pid if cred.pid in owners else None)
+
+    def start_info(self, job_id: str) -> StartInfo:
+        a = self.config.agent
+        return StartInfo(self.host_id, str(a.decision_table), a.start_wait_s,
+                         job_id in self.registry)
 
     def status(self) -> AgentStatus:
         seen = self.link.last_plan_mono

@@ -7,9 +7,7 @@ and hints documents; the data plane's rows, built as replies by DataPlane) stays
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from cruxd.agent.local_api import AgentStatus, Refusal, Refused
+from cruxd.agent.local_api import AgentStatus, LocalAgent, Refusal, Refused
 from cruxd.agent.local_server import PeerCred, error_reply
 from cruxd.control.records import LocalJob
 from cruxd.rpc import convert
@@ -23,16 +21,13 @@ from cruxd.rpc.local import (
     UNAVAILABLE,
 )
 
-if TYPE_CHECKING:  # the core builds this edge; at run time it is handed the agent
-    from cruxd.agent.core import Agent
-
 CODES = {Refusal.INVALID: INVALID_ARGUMENT, Refusal.NOT_FOUND: NOT_FOUND,
          Refusal.NOT_ALLOWED: PERMISSION_DENIED, Refusal.EXHAUSTED: RESOURCE_EXHAUSTED}
 MAX_COMMAND = 256  # characters of a job's command line kept for `cruxctl status`
 
 
 class LocalRpc:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: LocalAgent) -> None:
         self.agent = agent
 
     async def handle(self, req: apb.LocalRequest, cred: PeerCred) -> apb.LocalReply:
@@ -51,7 +46,13 @@ class LocalRpc:
                            command=r.command[:MAX_COMMAND])
             agent.register(job, convert.measurement_from_pb(r.hints), cred)
             reply.registered.CopyFrom(apb.RegisterReply(
-                job_id=job.job_id, decision_table=str(agent.config.agent.decision_table)))
+                job_id=job.job_id, decision_table=str(agent.config.agent.decision_table),
+                start_wait_s=agent.config.agent.start_wait_s))
+        elif kind == "info":
+            i = agent.start_info(req.info.job_id)
+            reply.info.CopyFrom(apb.AgentInfo(
+                host_id=i.host_id, decision_table=i.decision_table,
+                start_wait_s=i.start_wait_s, job_registered=i.job_registered))
         elif kind == "deregister":
             agent.deregister(req.deregister.job_id, cred)
             reply.ok = True

@@ -88,6 +88,13 @@ def group_id(name: str | None) -> int:
         raise CruxError(f"agent.socket_group: no group named {name!r} on this host") from None
 
 
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
 Handler = Callable[[apb.LocalRequest, PeerCred], Awaitable[apb.LocalReply]]
 
 
@@ -240,7 +247,10 @@ class LocalServer:
             self.rejected += 1
             LOG.warning("local socket: pid %d uid %d is not allowed (group %d)", cred.pid,
                         cred.uid, self.gid)
-            return error_reply(PERMISSION_DENIED, "not in the agent's socket group")
+            name = group_name(self.gid)
+            return error_reply(PERMISSION_DENIED, f"uid {cred.uid} is not in group {name}, "
+                               f"which may use this agent (an administrator adds a user with "
+                               f"`usermod -aG {name} USER`)")
         request = apb.LocalRequest()
         try:
             request.ParseFromString(payload)

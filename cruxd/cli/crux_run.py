@@ -1,16 +1,18 @@
-"""crux-run: register a job with the local crux agent, then become the job.
+"""crux-run: register a job with the local crux agent, wait for its first decision, then
+become the job.
 
     crux-run [--job-id ID] [--gpus N] ... -- COMMAND [ARGS...]
 
     crux-run --print-env [--job-id ID]
 
-It registers over the agent's socket and then exec()s COMMAND in its own
-process, so the pid the agent watches (from SO_PEERCRED) is the job itself:
-when the job ends, however it ends, the agent drops it. COMMAND gets
-CRUX_JOB_ID and CRUX_DECISION_TABLE in its environment, and the job-side
-libraries (cruxd/cli/job_env.py): the wrapper libibverbs for NCCL of every
-generation (LD_LIBRARY_PATH and NCCL_IBVERBS_LIB) and the socket interposer
-(LD_PRELOAD). Without an agent the command runs exactly as it would without
+It finds the agent that serves this user (cruxd/cli/agent_finder.py: the host's agent at
+/run/crux/agent.sock, for every user in group crux), registers over its socket, waits (bounded,
+cruxd/cli/start_wait.py) until the job's first decision is in the table, and then exec()s
+COMMAND in its own process, so the pid the agent watches (from SO_PEERCRED) is the job itself:
+when the job ends, however it ends, the agent drops it. COMMAND gets CRUX_JOB_ID and
+CRUX_DECISION_TABLE in its environment, and the job-side libraries (cruxd/cli/job_env.py): the
+wrapper libibverbs for NCCL of every generation (LD_LIBRARY_PATH and NCCL_IBVERBS_LIB) and the
+socket interposer (LD_PRELOAD). Without an agent the command runs exactly as it would without
 crux (fail open), after one warning, and loads none of them.
 
 Exit status: COMMAND's; 2 for bad arguments; 127 when COMMAND cannot be run.
@@ -23,10 +25,16 @@ import os
 import shlex
 import socket
 import sys
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.message import Message
 
 from cruxd import __version__
+from cruxd.cli.agent_finder import find_agent
 from cruxd.cli.exits import run_command
-from cruxd.cli.job_env import default_table, job_env, render_exports
+from cruxd.cli.job_env import job_env, render_exports
+from cruxd.cli.start_wait import wait_for_decision
 from cruxd.errors import CruxError, UsageError
 
 ENV_JOB = ("CRUX_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
@@ -82,8 +90,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allreduce-bytes", type=float, metavar="B",
                    help="hint: gradient all-reduce size per iteration")
     p.add_argument("--socket", metavar="PATH",
-                   help="agent socket (default: $CRUX_SOCKET, else the embedded default's)")
+                   help="agent socket (default: $CRUX_SOCKET, else the host's agent at "
+                        "/run/crux/agent.sock, else this user's own agent's)")
+    p.add_argument("--wait-s", type=float, metavar="S",
+                   help="wait at most S seconds for the job's first decision before starting "
+                        "it (default: the agent's [agent] start_wait_s, 2 s); 0: do not wait")
     p.add_argument("--quiet", action="store_true", help="no warnings (no agent, no library)")
+    p.add_argument("--verbose", action="store_true",
+                   help="say how long the job's first decision took to arrive")
     p.add_argument("--no-shim", action="store_true",
                    help="load no job-side library (neither the wrapper libibverbs nor the "
                         "socket interposer): the job is registered but its traffic unsteered")
@@ -94,20 +108,47 @@ def _parser() -> argparse.ArgumentParser:
                         "POSIX shell) and exit, registering nothing: for launchers that cannot "
                         "exec through crux-run (Slurm TaskProlog, Kubernetes env, MPI)")
     p.add_argument("--table", metavar="PATH",
-                   help="with --print-env: the decision table (default: "
-                        "$CRUX_DECISION_TABLE, else the embedded default's)")
+                   help="with --print-env: export this decision table as it is, without asking "
+                        "the agent or waiting (default: the table the serving agent writes)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND")
     return p
 
 
-def _register(args: argparse.Namespace, job_id: str) -> str | None:
-    """The decision table's path, or None when no agent took the job (fail open)."""
-    from cruxd.cli.live_cmd import agent_socket
+def _local_call(args: argparse.Namespace, path: Path, body: str, msg: Message) -> Any:
+    """The agent's reply body `body`, or None after one warning (fail open)."""
     from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
-    from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
     from cruxd.rpc.local import LocalClient
 
-    path = agent_socket(args.socket, None)
+    req = apb.LocalRequest()
+    getattr(req, body).CopyFrom(msg)
+    try:
+        reply = LocalClient(path, timeout=3.0).call(req)
+    except CruxError as exc:
+        _warn(args, f"{exc}; running without crux")
+        return None
+    if reply.WhichOneof("body") == "error":
+        _warn(args, f"the agent at {path} refused: {reply.error.message}; running without crux")
+        return None
+    return getattr(reply, reply.WhichOneof("body"))
+
+
+def _agent(args: argparse.Namespace) -> Path | None:
+    search = find_agent(args.socket)
+    if search.place is None:
+        _warn(args, f"{search.why_none}; running without crux")
+        return None
+    return search.place.socket
+
+
+def _register(args: argparse.Namespace, job_id: str) -> tuple[str, float] | None:
+    """The decision table's path and the agent's wait bound, or None when no agent took the
+    job (fail open)."""
+    from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
+    from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+
+    path = _agent(args)
+    if path is None:
+        return None
     hints = cpb.JobMeasurement(flops_per_iter=args.flops_per_iter or 0.0,
                                compute_s=args.compute_s or 0.0, comm_s=args.comm_s or 0.0,
                                period_s=args.period_s or 0.0,
@@ -118,15 +159,23 @@ def _register(args: argparse.Namespace, job_id: str) -> str | None:
         node_rank=args.node_rank if args.node_rank is not None else
         (_env_int("NODE_RANK", "SLURM_NODEID") or 0), nnodes=nnodes, hints=hints,
         command=shlex.join(args.command)[:256])
-    try:
-        reply = LocalClient(path, timeout=3.0).call(apb.LocalRequest(register=reg))
-    except CruxError as exc:
-        _warn(args, f"{exc}; running without crux")
-        return None
-    if reply.WhichOneof("body") == "error":
-        _warn(args, f"the agent refused the job: {reply.error.message}; running without crux")
-        return None
-    return reply.registered.decision_table
+    got = _local_call(args, path, "register", reg)
+    return None if got is None else (got.decision_table, got.start_wait_s)
+
+
+def _wait(args: argparse.Namespace, table: str, job_id: str, agent_bound: float) -> None:
+    """Wait for the job's first decision; past the bound say so once and go on (fail open)."""
+    bound = agent_bound if args.wait_s is None else args.wait_s
+    if bound <= 0:
+        return
+    w = wait_for_decision(Path(table), job_id, bound)
+    if not w.found:
+        _warn(args, f"no decision for job {job_id} in {table} after {bound:g} s ({w.why}); "
+                    "starting it anyway: connections it makes before its decision arrives "
+                    "stay unsteered")
+    elif args.verbose:
+        print(f"crux-run: job {job_id}'s decision (plan {w.plan_generation}) is in {table} "
+              f"after {w.waited_s * 1e3:.1f} ms", file=sys.stderr)
 
 
 def _warn(args: argparse.Namespace, msg: str) -> None:
@@ -134,15 +183,38 @@ def _warn(args: argparse.Namespace, msg: str) -> None:
         print(f"crux-run: warning: {msg}", file=sys.stderr)
 
 
+def _job_id(args: argparse.Namespace) -> str | None:
+    return args.job_id or next((os.environ[n] for n in ENV_JOB if os.environ.get(n)), None)
+
+
 def _print_env(args: argparse.Namespace) -> int:
+    """The exports for a job this launcher cannot exec: the serving agent's real table, after
+    the same bounded wait for the job's decision; nothing at all when no agent serves this
+    user (an export pointing at no table would only look like crux)."""
     if args.command:
         raise UsageError("--print-env takes no COMMAND")
-    job_id = args.job_id or next((os.environ[n] for n in ENV_JOB if os.environ.get(n)), None)
+    job_id = _job_id(args)
     if job_id is None:
         raise UsageError("--print-env needs --job-id (or CRUX_JOB_ID, SLURM_JOB_ID, "
                          "TORCHELASTIC_RUN_ID)")
-    env = job_env(os.environ, job_id, args.table or default_table(),
-                  verbs=not args.no_shim, sock=not (args.no_shim or args.no_sock))
+    table = args.table
+    if table is None:
+        from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
+
+        path = _agent(args)
+        info = None if path is None else _local_call(args, path, "info",
+                                                     apb.AgentInfoRequest(job_id=job_id))
+        if info is None:
+            return 0
+        table = info.decision_table
+        if info.job_registered:
+            _wait(args, table, job_id, info.start_wait_s)
+        else:
+            _warn(args, f"job {job_id} is not registered with the crux agent on "
+                        f"{info.host_id}, so there is no decision to wait for: its connections "
+                        "are steered once a crux-run of it registers there")
+    env = job_env(os.environ, job_id, table, verbs=not args.no_shim,
+                  sock=not (args.no_shim or args.no_sock))
     for w in env.warnings:
         _warn(args, w)
     sys.stdout.write(render_exports(env))
@@ -159,14 +231,16 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if not args.command:
         raise UsageError("no COMMAND given (crux-run [options] -- COMMAND ...)")
-    job_id = args.job_id or next((os.environ[n] for n in ENV_JOB if os.environ.get(n)), None)
+    job_id = _job_id(args)
     if job_id is None:
         job_id = f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
         _warn(args, f"no --job-id or CRUX_JOB_ID; using {job_id} (a job spanning several "
                     "hosts needs the same id on each)")
     env = dict(os.environ, CRUX_JOB_ID=job_id)
-    table = _register(args, job_id)
-    if table:  # only a job an agent took gets the libraries: without one, it runs untouched
+    taken = _register(args, job_id)
+    if taken:  # only a job an agent took gets the libraries: without one, it runs untouched
+        table, bound = taken
+        _wait(args, table, job_id, bound)
         extra = job_env(os.environ, job_id, table, verbs=not args.no_shim,
                         sock=not (args.no_shim or args.no_sock))
         for w in extra.warnings:

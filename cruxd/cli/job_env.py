@@ -13,15 +13,13 @@ left out with a warning: the job runs, only unsteered (fail open).
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from transport import native
 
-__all__ = ["JobEnv", "default_table", "job_env", "render_exports"]
+__all__ = ["JobEnv", "job_env", "render_exports"]
 
 
 @dataclass
@@ -72,13 +70,3 @@ def job_env(base: Mapping[str, str], job_id: str, table: str | None, *, verbs: b
 def render_exports(env: JobEnv) -> str:
     """POSIX shell: one `export NAME=value` per line (Slurm TaskProlog reads the same)."""
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.exports.items())
-
-
-def default_table() -> str:
-    """$CRUX_DECISION_TABLE, else the embedded default configuration's table."""
-    env = os.environ.get("CRUX_DECISION_TABLE")
-    if env:
-        return env
-    from cruxd.config.parse import load_config
-
-    return str(Path(load_config(None).agent.decision_table))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,8 +30,9 @@ class Unreachable(CruxError):
 def add_target_args(p: argparse.ArgumentParser, leader: bool = True,
                     json: bool = True) -> None:
     p.add_argument("--socket", metavar="PATH",
-                   help="the agent's socket (default: $CRUX_SOCKET, else agent.socket of "
-                        "--config, else the embedded default's)")
+                   help="the agent's socket (default: agent.socket of --config, else "
+                        "$CRUX_SOCKET, else the host's agent at /run/crux/agent.sock, else "
+                        "this user's own agent's)")
     p.add_argument("--config", metavar="FILE", type=Path,
                    help="read the socket path and TLS files from this cruxd configuration")
     if leader:
@@ -49,15 +49,19 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def agent_socket(explicit: str | None, config: Path | None) -> str:
-    """The agent socket to use: given, else $CRUX_SOCKET (unless a configuration file
-    was named), else that file's agent.socket or the embedded default's."""
-    if explicit:
-        return str(explicit)
-    if os.environ.get("CRUX_SOCKET") and config is None:
-        return os.environ["CRUX_SOCKET"]
-    from cruxd.config.parse import load_config
+    """The agent socket to use: given, else that configuration file's agent.socket, else the
+    agent that serves this user (agent_finder.py: $CRUX_SOCKET, the host's agent, this
+    user's own)."""
+    if config is not None and not explicit:
+        from cruxd.config.parse import load_config
 
-    return str(load_config(config).agent.socket)
+        return str(load_config(config).agent.socket)
+    from cruxd.cli.agent_finder import find_agent
+
+    search = find_agent(explicit)
+    if search.place is None:
+        raise Unreachable(search.why_none)
+    return str(search.place.socket)
 
 
 def socket_path(args: argparse.Namespace) -> str:

@@ -52,6 +52,12 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
             console.print(_qps(agent.qps))
         if agent.sock_connects:
             console.print(_sock_connects(agent.sock_connects))
+            for r in agent.sock_connects:
+                if r.no_entry:
+                    console.print(f"  [yellow]job {r.job_id or '-'}: {r.no_entry} TCP "
+                                  "connection(s) unsteered: made before the plan[/] (before "
+                                  "the job's first decision reached the table; they keep the "
+                                  "kernel's path and class until the job reconnects)")
         for o in agent.nic_tc_overrides:
             console.print(f"  [red]NIC {o.port} overrides every QP's traffic class with "
                           f"{o.traffic_class}[/] (sysfs tc/traffic_class): decided DSCPs do "
@@ -161,7 +167,7 @@ def _sock_connects(rows: list[Any]) -> Table:
     and the accepted connections it gave their peer's class."""
     t = Table(title="TCP connects (from the socket interposer)", title_justify="left")
     for col in ("job", "processes", "applied", "TOS only", "ports busy", "no job", "no table",
-                "bad table", "no entry", "accepts"):
+                "bad table", "before plan", "accepts"):
         t.add_column(col)
     for r in sorted(rows, key=lambda r: r.job_id):
         t.add_row(r.job_id or "-", str(r.processes), f"[green]{r.applied}[/]", str(r.tos_only),

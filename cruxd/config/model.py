@@ -18,6 +18,7 @@ EMBEDDED = "<embedded default>"
 # reported by restart_required and waits for a restart.
 LIVE_KEYS = frozenset({
     "daemon.log_level", "agent.report_interval_s", "agent.accept_job_hints",
+    "agent.start_wait_s",
     "leader.levels", "leader.dscp", "leader.debounce_ms", "leader.profiling_s",
     "leader.change_threshold", "leader.tie_tolerance", "leader.agent_timeout_s",
 })
@@ -46,6 +47,7 @@ class AgentConfig:
     request_timeout_s: float = 5.0  # for a whole request frame, and for sending its reply
     max_jobs: int = 256  # jobs registered here; matches leader.max_jobs_per_host's default
     leader_fallback: tuple[str, ...] = ()  # other leaders to try, in turn, when it fails
+    start_wait_s: float = 2.0  # crux-run's bound on waiting for a job's first decision
 
 
 @dataclass(frozen=True, slots=True)

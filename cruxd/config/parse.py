@@ -240,6 +240,7 @@ def _agent(a: Section, runtime_dir: Path, state_dir: Path) -> AgentConfig:
         reconnect_max_s=a.number("reconnect_max_s", 30.0, Range(0.1, 3600, lo_open=True)),
         leader_token=a.path("leader_token") or state_dir / "leader.token",
         leader_fallback=a.hostports("leader_fallback"),
+        start_wait_s=a.number("start_wait_s", 2.0, Range(0, 60)),
     )
 
 

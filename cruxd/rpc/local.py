@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
+import os
+import pwd
 import random
 import socket
 import struct
@@ -118,13 +121,29 @@ class LocalClient:
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise AgentUnavailable(f"no crux agent at {self.path} ({exc.strerror})") from None
         except PermissionError:
-            raise AgentUnavailable(f"no permission to use {self.path} (is this user in the "
-                                   "agent's socket_group?)") from None
+            raise AgentUnavailable(not_allowed(self.path)) from None
         except TimeoutError:
             raise AgentUnavailable(f"the agent at {self.path} did not answer in "
                                    f"{timeout:g} s") from None
         except OSError as exc:
             raise AgentUnavailable(f"agent socket {self.path}: {exc.strerror or exc}") from None
+
+
+def not_allowed(path: str | Path) -> str:
+    """Why this user cannot connect to the agent socket at `path`: the group it misses."""
+    uid = os.getuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    try:
+        gid = os.stat(path).st_gid
+        group = grp.getgrgid(gid).gr_name
+    except (OSError, KeyError):
+        return f"uid {uid} ({user}) may not use the crux agent at {path}"
+    return (f"uid {uid} ({user}) is not in group {group}, which may use the crux agent at "
+            f"{path} (an administrator adds a user with `usermod -aG {group} USER`; it "
+            "takes effect at the next login)")
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:
