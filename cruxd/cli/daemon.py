@@ -2,7 +2,9 @@
 
 Exit status: 0 stopped cleanly; 1 runtime failure that is not the configuration's; 2 bad
 configuration or usage, including what the host refuses of it (a port in use, a directory
-that cannot be created, a socket path too long): one line on stderr naming the key.
+that cannot be created, a socket path too long, another cruxd holding the state_dir's
+lock): one line on stderr naming the key or the holder. `--check-config` only validates:
+it takes no lock and runs beside a running cruxd.
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ leader on 127.0.0.1:7470, agent socket and decision table under a runtime direct
 (/run/crux as root, else $XDG_RUNTIME_DIR/crux or /tmp/crux-UID) and state under
 /var/lib/crux (root) or ~/.local/state/crux. Every key: docs/configuration.md.
 
+One cruxd per state directory: a second one exits 2 naming the pid that holds
+<state_dir>/cruxd.lock, having written nothing.
+
 signals: SIGTERM/SIGINT stop gracefully; SIGHUP re-reads --config (a bad file
 keeps the running configuration).
-exit status: 0 clean stop, 1 runtime failure, 2 bad configuration or usage."""
+exit status: 0 clean stop, 1 runtime failure, 2 bad configuration or usage
+(also: another cruxd holds this state directory)."""
 
 
 def main(argv: list[str] | None = None) -> int:
