@@ -180,9 +180,27 @@ def test_probes_default_to_the_probing_class() -> None:
     assert parse("[probing]\ndscp = 0").probing.dscp == 0
 
 
-def test_example_loads() -> None:
+def test_example_runs_on_one_host_without_tls() -> None:
+    # examples/cruxd.toml is the README's first command: plaintext on loopback, nothing
+    # under /etc, so it starts from a checkout
     c = load_config(REPO / "examples" / "cruxd.toml", env={}, euid=0)
+    assert not c.tls.enabled and c.roles == {"agent", "leader"}
+    assert (c.agent.leader, c.leader.listen) == ("127.0.0.1:7470", "127.0.0.1:7470")
+    assert c.metrics.listen == "127.0.0.1:9477"
+    assert c.leader.topology is None and c.agent.path_table is None
+    assert c.leader.dscp == (8, 16, 24, 32, 40)
+
+
+def test_example_dirs_follow_the_user() -> None:
+    c = load_config(REPO / "examples" / "cruxd.toml", env=USER, euid=1000)
+    assert c.state_dir == Path("/home/ann/.local/state/crux")
+    assert c.runtime_dir == Path("/tmp/crux-1000")
+
+
+def test_tls_example_loads() -> None:
+    c = load_config(REPO / "examples" / "cruxd-tls.toml", env={}, euid=0)
     assert c.tls.enabled and c.roles == {"agent", "leader"}
+    assert c.tls.ca == Path("/etc/crux/tls/ca.pem")
     assert c.leader.dscp == (8, 16, 24, 32, 40)
 
 
