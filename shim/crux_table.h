@@ -40,6 +40,10 @@
 #define CRUX_ENTRY_FREE 0
 #define CRUX_ENTRY_LIVE 1
 #define CRUX_ENTRY_JOB_WIDE 0x1u  /* entry.flags: peer is all zero, the job's defaults */
+/* entry.flags: a fuller decision follows on its own (the leader has not heard from every host
+ * of the job, or has no probed path between them). The shims apply the entry as any other;
+ * only crux-run, before it starts a job, waits for an entry without it. */
+#define CRUX_ENTRY_PROVISIONAL 0x2u
 #define CRUX_TCP_SPORTS 8         /* entry.tcp_sports slots */
 
 /* How often a reader retries an entry the writer keeps changing before it gives up (fail
@@ -71,7 +75,7 @@ struct crux_table_entry {
     uint8_t dscp;           /* 0..63 */
     uint8_t traffic_class;  /* IPv6 traffic class / RoCE GRH TC */
     uint16_t sport;         /* UDP source port, 0 = leave the NIC's choice */
-    uint16_t flags;         /* bit0 CRUX_ENTRY_JOB_WIDE */
+    uint16_t flags;         /* bit0 CRUX_ENTRY_JOB_WIDE, bit1 CRUX_ENTRY_PROVISIONAL */
     uint32_t reserved0;
     uint8_t peer[16];       /* IPv6, or IPv4-mapped ::ffff:a.b.c.d; all zero = job-wide entry */
     char job_id[CRUX_JOB_ID_LEN]; /* NUL-padded UTF-8 */

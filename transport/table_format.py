@@ -22,6 +22,7 @@ ENTRY_SIZE = 128
 JOB_ID_LEN = 64  # NUL-padded, so ids are at most 63 bytes
 RETIRED = 0x1  # header flags: the writer replaced this file; reopen the path
 JOB_WIDE = 0x1  # entry flags: peer is all zero
+PROVISIONAL = 0x2  # entry flags: a fuller decision follows on its own (crux-run waits for it)
 READ_TRIES = 1024  # seqlock retries before a reader gives up on an entry (fails open)
 TCP_SPORTS = 8  # entry.tcp_sports slots (CRUX_TCP_SPORTS)
 
@@ -96,6 +97,9 @@ class Decision:
     # and the probed source ports toward this peer, used in turn by a job's sockets to it.
     tcp_dport: int = 0
     tcp_sports: tuple[int, ...] = ()
+    # The leader has not heard from every host of the job yet, or has no probed path between
+    # them: the shims apply it as any other, and crux-run waits for the fuller one.
+    provisional: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str):
@@ -220,13 +224,14 @@ def pack_entry(d: Decision | None, seq: int = 0) -> bytes:
         return struct.pack("=I", seq) + bytes(ENTRY_SIZE - 4)
     sports = d.tcp_sports + (0,) * (TCP_SPORTS - len(d.tcp_sports))
     return _ENTRY.pack(seq, 1, d.level, d.dscp, d.traffic_class, d.sport,
-                       JOB_WIDE if d.peer is None else 0, peer_bytes(d.peer),
+                       (JOB_WIDE if d.peer is None else 0) | (PROVISIONAL if d.provisional else 0),
+                       peer_bytes(d.peer),
                        d.job_id.encode(), d.plan_generation, d.tcp_dport, *sports)
 
 
 def unpack_entry(data: bytes) -> tuple[int, Decision | None]:
     """(seq, decision), decision None for a free entry; ValueError if the entry is garbage."""
-    seq, state, level, dscp, tc, sport, _flags, peer, job, plan, dport, *sports = (
+    seq, state, level, dscp, tc, sport, flags, peer, job, plan, dport, *sports = (
         _ENTRY.unpack_from(data))
     if state == 0:
         return seq, None
@@ -238,7 +243,8 @@ def unpack_entry(data: bytes) -> tuple[int, Decision | None]:
     except UnicodeDecodeError:
         raise ValueError("job_id is not UTF-8") from None
     ports = tuple(p for p in sports if p)  # 0 marks an unused slot, wherever it is
-    return seq, Decision(job_id, addr, level, dscp, tc, sport, plan, dport, ports)
+    return seq, Decision(job_id, addr, level, dscp, tc, sport, plan, dport, ports,
+                         bool(flags & PROVISIONAL))
 
 
 def open_fd(path: Path, flags: int) -> int:

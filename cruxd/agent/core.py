@@ -48,7 +48,8 @@ def plan_decisions(hp: HostPlan) -> list[Decision]:
     out: dict[tuple[str, str | None], Decision] = {}
     for a in hp.jobs:
         tc = a.traffic_class
-        out[(a.job_id, None)] = Decision(a.job_id, None, a.level, a.dscp, tc, 0, hp.generation)
+        out[(a.job_id, None)] = Decision(a.job_id, None, a.level, a.dscp, tc, 0, hp.generation,
+                                         provisional=a.provisional)
         for r in a.routes:
             for addr in r.peer_addresses:
                 d = Decision(a.job_id, addr, a.level, a.dscp, tc, r.sport, hp.generation,

@@ -4,7 +4,9 @@ NCCL and gloo make their connections while a communicator is set up, right after
 a TCP connection is never re-steered (most RDMA QPs neither: only mlx5 can move a live one).
 So crux-run waits until the job's entry is in the decision table the shim reads, and only then
 starts the job. The profiling slot is such an entry: a job being profiled already has its
-level. The wait is bounded and fails open: past the bound the job starts anyway.
+level. A provisional entry (the leader has not yet heard from every host of the job, or has
+no probed path between them) is not enough: its paths and ports come with the next plan.
+The wait is bounded and fails open: past the bound the job starts anyway.
 
 The table is read, not the agent asked: what counts is what the shim will read. An entry
 counts once the table's header says its plan's batch is whole (the writer publishes the
@@ -50,11 +52,15 @@ def wait_for_decision(table: Path, job_id: str, bound_s: float,
                 if reader is None:
                     reader = TableReader(table)
                 header = reader.header()
-                why = "the table holds no entry for the job"
                 if header.generation != seen:
                     seen = header.generation
                     d = reader.lookup(job_id)
-                    if d is not None and header.plan_generation >= d.plan_generation:
+                    if d is None:
+                        why = "the table holds no entry for the job"
+                    elif d.provisional:
+                        why = ("its decision is provisional: the leader has not heard from "
+                               "every host of the job, or has no probed path between them")
+                    elif header.plan_generation >= d.plan_generation:
                         return Waited(True, clock() - start, d.plan_generation, "")
             except (OSError, TableError) as exc:  # not there yet, or being replaced
                 if reader is not None:

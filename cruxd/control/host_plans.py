@@ -245,7 +245,9 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
         elif d is None:
             a = JobAssignment(m.job_id, JobState.UNMEASURED, level=unmeasured_level,
                               dscp=unmeasured_dscp, hosts=hosts, gpus=gpus,
-                              routes=tuple(routes[m.job_id]), note=notes.get(m.job_id, ""))
+                              routes=tuple(routes[m.job_id]), note=notes.get(m.job_id, ""),
+                              provisional=_awaiting(m, paths if discovered else None)
+                              is not None)
         else:
             state_ = (JobState.QUEUED if inputs.profile.get(m.job_id) == "queued"
                       and can_profile(levels) else JobState.SCHEDULED)
@@ -265,17 +267,25 @@ def _ring_pairs(hosts: tuple[str, ...]) -> list[tuple[str, str]]:
     return [(h, hosts[(i + 1) % len(hosts)]) for i, h in enumerate(hosts)]
 
 
+def _awaiting(m: MergedJob, probed: Mapping[tuple[str, str], object] | None) -> str | None:
+    """What the job's plan still waits for that comes without the job doing anything: its
+    other hosts' reports, or a probed path between its hosts; None when nothing."""
+    if m.nnodes > len(m.hosts):
+        return f"{len(m.hosts)} of {m.nnodes} hosts reported"
+    hosts = tuple(h for h, _ in m.hosts)
+    unprobed = [p for p in _ring_pairs(hosts) if probed is not None and p not in probed]
+    if unprobed:
+        return f"no probed path {unprobed[0][0]} -> {unprobed[0][1]} yet"
+    return None
+
+
 def _as_job(m: MergedJob, topo: Topology,
             probed: Mapping[tuple[str, str], object] | None) -> tuple[Job | None, str]:
     missing = [h for h, _ in m.hosts if not topo.is_host(h)]
     if missing:
         return None, f"host {missing[0]} not in topology {topo.name}"
-    if m.nnodes > len(m.hosts):
-        return None, f"{len(m.hosts)} of {m.nnodes} hosts reported"
-    hosts = tuple(h for h, _ in m.hosts)
-    unprobed = [p for p in _ring_pairs(hosts) if probed is not None and p not in probed]
-    if unprobed:
-        return None, f"no probed path {unprobed[0][0]} -> {unprobed[0][1]} yet"
+    if (awaiting := _awaiting(m, probed)) is not None:
+        return None, awaiting
     ms = m.measurement
     multi = len(m.hosts) > 1
     if ms.flops_per_iter <= 0:

@@ -149,6 +149,9 @@ class JobAssignment:
     gpus: int = 0
     routes: tuple[PeerRoute, ...] = ()
     note: str = ""
+    # not every host of the job reported yet, or no probed path between them: a fuller
+    # decision follows on its own (crux-run waits for it before starting the job)
+    provisional: bool = False
 
     @property
     def traffic_class(self) -> int:

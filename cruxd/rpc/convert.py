@@ -130,7 +130,7 @@ def assignment_to_pb(a: JobAssignment) -> cpb.JobDecision:
                            intensity=a.intensity, k=a.k, rank=a.rank, level=a.level, dscp=a.dscp,
                            traffic_class=a.traffic_class,
                            routes=[route_to_pb(r) for r in a.routes], hosts=a.hosts,
-                           gpus=a.gpus, note=a.note)
+                           gpus=a.gpus, note=a.note, provisional=a.provisional)
 
 
 def assignment_from_pb(p: cpb.JobDecision) -> JobAssignment:
@@ -142,7 +142,7 @@ def assignment_from_pb(p: cpb.JobDecision) -> JobAssignment:
         p.job_id, state, p.intensity, p.k, p.rank, p.level, p.dscp, tuple(p.hosts), p.gpus,
         tuple(PeerRoute(r.src_host, r.peer_host, tuple(r.peer_addresses), r.sport,
                         tuple(r.hops), r.nic_port, r.tcp_dport, tuple(r.tcp_sports))
-              for r in p.routes), p.note)
+              for r in p.routes), p.note, p.provisional)
 
 
 def host_plan_to_pb(hp: HostPlan) -> lpb.HostPlan:
