@@ -155,6 +155,9 @@ def test_unmeasured_jobs_sit_on_level_zero_with_a_note() -> None:
     assert jobs["nowj"].routes == () and jobs["half"].routes == ()
     assert jobs["ok"].state is JobState.SCHEDULED and jobs["ok"].note == ""
     assert jobs["half"].hosts == ("h0",) and jobs["notraffic"].gpus == 16
+    # only the job still waiting for its other host gets a fuller decision on its own:
+    # crux-run waits past the provisional one (cruxd/cli/start_wait.py)
+    assert {jid for jid, a in jobs.items() if a.provisional} == {"half"}
 
 
 def test_measured_t_j_is_enough_for_a_ring() -> None:

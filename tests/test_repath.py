@@ -23,6 +23,7 @@ def test_mlx5_qps_follow_a_moved_decision(tmp_path: Path) -> None:
     assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
     assert "re-pathed to source port 53250" in r.stderr  # 0xD002, logged
     assert "refused" in r.stderr
+    assert "re-pathed to source port 49443" in r.stderr  # 0xC123: a QP made before the plan
 
 
 def test_without_libmlx5_nothing_is_tracked(tmp_path: Path) -> None:

@@ -568,6 +568,8 @@ def test_cruxctl_status_counts_a_jobs_connects(tmp_path: Path, clients: list[Cli
                          "no_entry": "1", "calls": "1", "accepts": "0"}]
         text = cruxctl("status", "--local", socket_path=d.socket)
         assert text.returncode == 0 and "TCP connects" in text.stdout, text.stderr
+        said = " ".join(text.stdout.split())  # rich wraps the line at the terminal's width
+        assert f"job {JOB}: 1 TCP connection(s) unsteered: made before the plan" in said
         c.close()
         wait_for("the exited job's counters pruned",
                  lambda: status(d.socket)["agent"]["sock_connects"] == [])

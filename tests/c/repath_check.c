@@ -82,6 +82,15 @@ int main(int argc, char **argv)
     crux_repath_forget(&qm); /* destroyed: never touched again */
     decided = 0xF004;
     CHECK(crux_repath_pass() == 0 && *calls == 3);
+    /* connected before its job's first decision (port 0: the NIC chose): left alone while
+     * there is none, moved once one arrives (crux-run's wait ran out, or it never waited) */
+    struct ibv_qp qe = qm;
+    qe.qp_num = 19;
+    decided = 0;
+    CHECK(crux_repath_track(&qe, gid, 0) == 1);
+    CHECK(crux_repath_pass() == 0 && *calls == 3);
+    decided = 0xC123;
+    CHECK(crux_repath_pass() == 1 && *calls == 4 && *last == 0xC123);
     puts("ok");
     return 0;
 }
