@@ -285,3 +285,11 @@ def test_path_table_restricts_candidates(tmp_path: Path) -> None:
         assert (f.sport, f.hops, f.candidates) == (0xC123, ("tor0", "agg1", "tor1"), 1)
     for f in free:
         assert f.sport is None and f.candidates == 2  # one ECMP path per aggregation switch
+
+
+def test_a_topology_file_given_as_a_scenario_says_what_it_is(examples: Path) -> None:
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(examples / "one-link-fabric.yaml")
+    assert str(e.value).endswith("one-link-fabric.yaml: $: this is a topology file, not a "
+                                 "scenario: a scenario names it in topology.file, cruxd in "
+                                 "leader.topology (docs/scenario.md)")

@@ -59,6 +59,9 @@ def load_scenario(path: str | Path, *, levels: int | None = None) -> Scenario:
 
 def parse_scenario(doc: Any, base: Path, source: str = "<scenario>", *,
                    levels: int | None = None) -> Scenario:
+    if isinstance(doc, dict) and "jobs" not in doc and {"nodes", "links"} & doc.keys():
+        raise ScenarioError("this is a topology file, not a scenario: a scenario names it in "
+                            "topology.file, cruxd in leader.topology (docs/scenario.md)")
     cur = Cursor(doc).fields({"topology", "jobs"}, _TOP - {"topology", "jobs"})
     if cur.get("version") is not None and cur["version"].integer() != 1:
         raise cur["version"].fail("this crux reads scenario version 1")

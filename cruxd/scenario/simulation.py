@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from cruxd.errors import ScenarioError, UsageError
 from cruxd.model.jobs import Job
@@ -22,7 +22,8 @@ from cruxd.scenario.cursor import Cursor
 from cruxd.sim.run import SimConfig, SimJob
 
 if TYPE_CHECKING:
-    from cruxd.scenario.load import Scenario
+    from cruxd.model.view import ClusterView
+    from cruxd.scheduler.planner import PlanConfig
     from cruxd.sim.policies import Policy
 
 PHASES = ("compute", "comm")
@@ -31,6 +32,23 @@ DEFAULT_POLICIES = ("ecmp", "crux-full")
 DEFAULT_LEVELS = 8  # the seed's simulator (§6.1)
 JOB_FIELDS = frozenset({"arrival_s", "iterations", "start_phase"})
 _SIMULATE = {"horizon_s", "policies", "levels", "window_s", "replan_every_s", "fixed_levels"}
+
+
+class Scenario(Protocol):
+    """What simulating needs of a loaded scenario (load.Scenario), so that this module and
+    the loader, which parses the simulate section with it, do not import each other."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def view(self) -> ClusterView: ...
+
+    @property
+    def config(self) -> PlanConfig: ...
+
+    @property
+    def simulation(self) -> SimulationSpec: ...
 
 
 @dataclass(frozen=True)
