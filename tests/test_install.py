@@ -68,7 +68,8 @@ def test_the_wheel_plans(installed: Path) -> None:
 
 
 def test_the_wheel_has_the_libraries_where_crux_run_points(installed: Path) -> None:
-    r = run(installed / "bin" / "crux-run", "--print-env", "--job-id", "j", cwd="/")
+    r = run(installed / "bin" / "crux-run", "--print-env", "--job-id", "j", "--table",
+            "/run/crux/decisions", cwd="/")
     exports = dict(ln.removeprefix("export ").split("=", 1) for ln in r.stdout.splitlines())
     site = run(installed / "bin" / "python", "-c",
                "import transport, pathlib; print(pathlib.Path(transport.__file__).parent)",

@@ -69,7 +69,8 @@ def resolve(prog: Path, env: dict[str, str]) -> dict[str, str]:
 def test_print_env_is_exactly_the_exports_in_shell_syntax() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CRUX_", "NCCL_"))}
     env["LD_LIBRARY_PATH"] = "/opt/cuda/lib64"
-    r = print_env("--job-id", "gpt 'big'", env=env)
+    # --table: these exports as they are, without asking an agent (none runs here)
+    r = print_env("--job-id", "gpt 'big'", "--table", "/run/crux/decisions", env=env)
     assert r.returncode == 0, r.stderr
     got = exports_of(r.stdout)
     wrapper = native.ibverbs_dir() / "libibverbs.so"
@@ -84,8 +85,12 @@ def test_print_env_is_exactly_the_exports_in_shell_syntax() -> None:
     assert exports_of(print_env("--job-id", "j", "--no-shim", "--table", "/t",
                                 env=env).stdout) == {"CRUX_JOB_ID": "j",
                                                      "CRUX_DECISION_TABLE": "/t"}
-    assert "LD_PRELOAD" not in exports_of(print_env("--job-id", "j", "--no-sock",
-                                                    env=env).stdout)
+    assert "LD_PRELOAD" not in exports_of(print_env("--job-id", "j", "--no-sock", "--table",
+                                                    "/t", env=env).stdout)
+    # without --table it asks the agent that serves this user: none, so nothing at all
+    r = print_env("--job-id", "j", env={**env, "CRUX_SOCKET": "/nonexistent/agent.sock"})
+    assert r.returncode == 0 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "no crux agent at /nonexistent/agent.sock" in r.stderr
 
 
 def test_print_env_refuses_what_it_cannot_do() -> None:
@@ -100,7 +105,7 @@ def test_print_env_refuses_what_it_cannot_do() -> None:
 @pytest.mark.parametrize("gen", LOADERS)
 def test_both_nccl_generations_resolve_through_the_wrapper(loaders: dict[int, Path],
                                                           gen: int) -> None:
-    env = exports_of(print_env("--job-id", "j").stdout)
+    env = exports_of(print_env("--job-id", "j", "--table", "/t").stdout)
     wrapper = env["NCCL_IBVERBS_LIB"]
     verbs = resolve(loaders[gen], env)
     mine = {v for v, f in verbs.items() if f == wrapper}
