@@ -53,7 +53,7 @@ def _stand_ins(metrics: Metrics) -> None:
         link=SimpleNamespace(reachable=True, rpc_errors=4),
         table=SimpleNamespace(header=lambda: SimpleNamespace(plan_generation=7)),
         rejected=1, server=SimpleNamespace(rejected=2, timed_out=5, accept_errors=6),
-        dataplane=SimpleNamespace(skipped_files=7))
+        dataplane=SimpleNamespace(skipped_files=7), first=SimpleNamespace(late=8))
 
 
 def _rendered() -> str:
@@ -72,7 +72,8 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
     assert "crux_agent_rejected_total 3.0" in text
     for name, value in (("crux_agent_request_timeouts_total", 5.0),
                         ("crux_agent_accept_errors_total", 6.0),
-                        ("crux_agent_record_files_skipped_total", 7.0)):
+                        ("crux_agent_record_files_skipped_total", 7.0),
+                        ("crux_agent_late_first_decisions_total", 8.0)):
         assert types[name] == "counter" and f"{name} {value}" in text
     assert types["crux_job_intensity_flops_per_second"] == "gauge"
     assert 'crux_job_intensity_flops_per_second{crux_job="GPU_Job-1"} 2.5e+14' in text

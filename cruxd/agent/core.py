@@ -15,6 +15,7 @@ from pathlib import Path
 
 from cruxd import __version__
 from cruxd.agent.dataplane import DataPlane
+from cruxd.agent.first_decisions import FirstDecisions
 from cruxd.agent.inventory import discover_nics, gpu_count
 from cruxd.agent.job_store import JobStore
 from cruxd.agent.leader_finder import LeaderFinder
@@ -86,6 +87,7 @@ class Agent:
                                   Limits(a.max_connections, a.max_connections_per_uid,
                                          a.request_timeout_s))
         self.rejected = 0
+        self.first = FirstDecisions()
         self.term = 0  # the newest leader term seen: plans from older ones are refused
         self.stale_refused = 0
         self._restoring = False
@@ -170,6 +172,11 @@ class Agent:
             LOG.debug("plan %d: nothing changed on this host", hp.generation)
             return True
         changed = self.table.apply(plan_decisions(hp), hp.generation)
+        bound = self.config.agent.start_wait_s
+        for jid, took in self.first.applied(hp.jobs, bound, time.monotonic()):
+            LOG.warning("job %s: first decision %.1f s after it registered, past "
+                        "agent.start_wait_s (%g s): it started without one, and the "
+                        "connections it made then are unsteered", jid, took, bound)
         self.probing.plan_changed(hp)
         self.measurement.plan_changed(hp)
         self.link.poke()  # tell the leader which generation the table holds
@@ -180,6 +187,9 @@ class Agent:
     def _job_changed(self, job_id: str, what: str) -> None:
         if what in ("deregistered", "exited"):
             self.table.remove_job(job_id)  # at once: do not wait for the next plan
+            self.first.gone(job_id)
+        elif what == "registered" and not self._restoring:
+            self.first.registered(job_id, time.monotonic())
         if not self._restoring:
             self._save(job_id)
         # logged once journaled: a line saying "registered" means a restart keeps the job
@@ -292,4 +302,4 @@ class Agent:
             self.table.header().plan_generation, self.measurement.name, self.probing.name,
             tuple(self.local_jobs()), self.probing.paths(), self.dataplane.pcie_links,
             -1.0 if seen is None else time.monotonic() - seen, self.link.reachable,
-            self.link.last_error)
+            self.link.last_error, self.first.late)

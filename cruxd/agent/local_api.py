@@ -52,6 +52,7 @@ class AgentStatus:
     last_plan_age_s: float  # -1: no plan seen since the agent started
     leader_reachable: bool  # as of the last call to the leader
     leader_error: str
+    late_first_decisions: int = 0  # jobs that started before their first decision arrived
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,3 +102,4 @@ def _agent_status(a: apb.LocalAgentStatus, s: AgentStatus) -> None:
     a.pcie_links = s.pcie_links
     a.last_plan_age_s = s.last_plan_age_s
     a.leader_reachable, a.leader_error = s.leader_reachable, s.leader_error
+    a.late_first_decisions = s.late_first_decisions

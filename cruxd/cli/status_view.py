@@ -58,6 +58,10 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
                                   "connection(s) unsteered: made before the plan[/] (before "
                                   "the job's first decision reached the table; they keep the "
                                   "kernel's path and class until the job reconnects)")
+        if agent.late_first_decisions:
+            console.print(f"  [yellow]{agent.late_first_decisions} job(s) got their first "
+                          "decision after crux-run's start wait[/] (agent.start_wait_s): they "
+                          "started without one, and their start-up connections are unsteered")
         for o in agent.nic_tc_overrides:
             console.print(f"  [red]NIC {o.port} overrides every QP's traffic class with "
                           f"{o.traffic_class}[/] (sysfs tc/traffic_class): decided DSCPs do "

@@ -94,6 +94,10 @@ def _agent_metrics(agent: Agent) -> Iterator[Metric]:
     yield CounterMetricFamily("crux_agent_accept_errors",
                               "Local-socket accepts that failed (EMFILE and the like)",
                               value=agent.server.accept_errors)
+    yield CounterMetricFamily("crux_agent_late_first_decisions",
+                              "Jobs whose first decision came after crux-run's start wait "
+                              "(agent.start_wait_s): started unsteered",
+                              value=agent.first.late)
     yield CounterMetricFamily("crux_agent_record_files_skipped",
                               "QP and socket record files refused (hostile or broken)",
                               value=agent.dataplane.skipped_files)
