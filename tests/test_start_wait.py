@@ -113,3 +113,15 @@ def test_the_wait_never_outlasts_its_bound(bound: float, arrive: int) -> None:
         assert got.found and abs(got.waited_s - arrive * POLL_S) < 1e-9
     elif arrive * POLL_S > bound + POLL_S:
         assert not got.found
+
+
+def test_a_bad_wait_bound_is_a_usage_error() -> None:
+    import subprocess
+
+    from cruxd.testing import BIN
+
+    for bad in ("-1", "nan", "61"):
+        r = subprocess.run([str(BIN / "crux-run"), "--wait-s", bad, "--", "true"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr.startswith("crux-run: error: --wait-s must be 0..60 seconds"), r.stderr

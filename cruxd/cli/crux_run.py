@@ -163,11 +163,15 @@ def _register(args: argparse.Namespace, job_id: str) -> tuple[str, float] | None
     return None if got is None else (got.decision_table, got.start_wait_s)
 
 
+MAX_WAIT_S = 60.0  # agent.start_wait_s's own limit: an agent's reply cannot hold a job longer
+
+
 def _wait(args: argparse.Namespace, table: str, job_id: str, agent_bound: float) -> None:
     """Wait for the job's first decision; past the bound say so once and go on (fail open)."""
     bound = agent_bound if args.wait_s is None else args.wait_s
-    if bound <= 0:
+    if not bound > 0:  # 0, or NaN from a broken reply
         return
+    bound = min(bound, MAX_WAIT_S)
     w = wait_for_decision(Path(table), job_id, bound)
     if not w.found:
         _warn(args, f"no decision for job {job_id} in {table} after {bound:g} s ({w.why}); "
@@ -225,7 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
-    return run_command("crux-run", lambda: _print_env(args) if args.print_env else _run(args))
+
+    def go() -> int:
+        if args.wait_s is not None and not 0 <= args.wait_s <= MAX_WAIT_S:
+            raise UsageError(f"--wait-s must be 0..{MAX_WAIT_S:g} seconds, got {args.wait_s:g}")
+        return _print_env(args) if args.print_env else _run(args)
+
+    return run_command("crux-run", go)
 
 
 def _run(args: argparse.Namespace) -> int:
