@@ -196,13 +196,17 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
 
     plannable: list[Job] = []
     notes: dict[str, str] = {}
+    waiting: set[str] = set()  # unplanned only until their hosts report or paths are probed
     build = jobs.as_job if jobs is not None else _as_job
     if jobs is not None:
         jobs.keep({m.job_id for m in merged})
+    probed = paths if discovered else None
     for m in merged:
-        job, note = build(m, topo, paths if discovered else None)
+        job, note = build(m, topo, probed)
         if job is None:
             notes[m.job_id] = note
+            if note == _awaiting(m, probed):
+                waiting.add(m.job_id)
         else:
             plannable.append(job)
     result: Plan | None = None
@@ -246,8 +250,7 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
             a = JobAssignment(m.job_id, JobState.UNMEASURED, level=unmeasured_level,
                               dscp=unmeasured_dscp, hosts=hosts, gpus=gpus,
                               routes=tuple(routes[m.job_id]), note=notes.get(m.job_id, ""),
-                              provisional=_awaiting(m, paths if discovered else None)
-                              is not None)
+                              provisional=m.job_id in waiting)
         else:
             state_ = (JobState.QUEUED if inputs.profile.get(m.job_id) == "queued"
                       and can_profile(levels) else JobState.SCHEDULED)
