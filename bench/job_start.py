@@ -39,7 +39,7 @@ from tables import preamble, table  # bench/ is on sys.path when run as a script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.rig
 
-from cruxd.testing import BIN, Daemon, crux_run, free_port
+from cruxd.testing import BIN, Daemon, crux_run, free_port, running
 
 MODES = ("none", "nowait", "wait")
 JOB = ("sh", "-c", "date +%s.%N")
@@ -87,12 +87,8 @@ def embedded(root: Path) -> Iterator[tuple[list[str], Path]]:
     d = Daemon(root, "h0", {"daemon": {"roles": ["agent", "leader"]},
                             "agent": {"leader": f"127.0.0.1:{port}", "gpus": 8},
                             "leader": {"listen": f"127.0.0.1:{port}"}})
-    d.start()
-    try:
-        d.wait_log("agent h0")
+    with running([d], "agent h0"):
         yield [], d.socket
-    finally:
-        d.stop()
 
 
 def remote(root: Path, runs: int) -> list[dict[str, object]]:
@@ -106,11 +102,8 @@ def remote(root: Path, runs: int) -> list[dict[str, object]]:
             cfg["probing"]["rate_pps"] = 200
             if h == "h0":  # the bench's leader keeps its defaults, as a cluster's would
                 cfg["leader"].pop("profiling_s")
-            daemons.append(Daemon(root, h, cfg, netns=f.ns(h)).start())
-        anchors: list[subprocess.Popen[bytes]] = []
-        try:
-            for d in daemons:
-                d.wait_log(f"agent {d.name}")
+            daemons.append(Daemon(root, h, cfg, netns=f.ns(h)))
+        with running(daemons, "agent h") as anchors:
             prefix = ["ip", "netns", "exec", f.ns("h1")]
             rows = measure("remote, 1 host", prefix, daemons[1].socket, runs, ("--gpus", "8"),
                            "single")
@@ -124,12 +117,6 @@ def remote(root: Path, runs: int) -> list[dict[str, object]]:
             rows += measure("remote, 2nd of 2 hosts", prefix, daemons[1].socket, runs, two,
                             "pair")
             return rows
-        finally:
-            for a in anchors:
-                a.kill()
-                a.wait()
-            for d in daemons:
-                d.stop()
 
 
 def main() -> None:
