@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -144,6 +144,11 @@ class _Simulation:
             if self.decisions.paths.get(r.job.id):
                 r.load = job_load(self.topo, self.finder, r.job, self.decisions,
                                   self.config.seed)
+            elif self.decisions.spray:  # all sprayed: depends on the job only
+                if r.spray_load is None:
+                    r.spray_load = job_load(self.topo, self.finder, r.job, self.decisions,
+                                            self.config.seed)
+                r.load = r.spray_load
             else:  # all ECMP: depends on the job and the seed only
                 if r.ecmp_load is None:
                     r.ecmp_load = job_load(self.topo, self.finder, r.job, self.decisions,
@@ -219,5 +224,4 @@ def _fit_levels(decisions: Decisions, levels: int) -> Decisions:
     if len(distinct) <= levels:
         return decisions
     place = {v: max(levels - 1 - i, 0) for i, v in enumerate(distinct)}
-    return Decisions(level={j: place[v] for j, v in decisions.level.items()},
-                     paths=decisions.paths, offset_s=decisions.offset_s)
+    return replace(decisions, level={j: place[v] for j, v in decisions.level.items()})

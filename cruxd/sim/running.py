@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cruxd.model.jobs import Job
+from cruxd.errors import PlanningError
+from cruxd.model.jobs import FlowSpec, Job
 from cruxd.model.paths import PathFinder
 from cruxd.model.topology import Topology
 from cruxd.sim.engine import Engine, JobState
@@ -44,6 +45,7 @@ class RunningJob:
     lived_s: float = 0.0  # time booked since it started (its record's active time so far)
     load: TrafficLoad | None = None  # its traffic under the current decisions
     ecmp_load: TrafficLoad | None = None  # its traffic when no flow has a decided path (fixed)
+    spray_load: TrafficLoad | None = None  # ... and when the fabric sprays them (fixed too)
 
     def book(self, iterations: float, busy_gpu_s: float, dt: float) -> None:
         """Credit what the job did over an epoch of `dt` seconds."""
@@ -62,7 +64,11 @@ class RunningJob:
 def job_load(topo: Topology, finder: PathFinder, job: Job, decisions: Decisions,
              seed: int) -> TrafficLoad:
     """The job's bytes per link: each network flow on its decided path, else on the
-    path its 5-tuple hashes onto."""
+    path its 5-tuple hashes onto, or, on a spraying fabric (`decisions.spray`), split
+    evenly over all its candidates: 1/n of its bytes on each of n paths, so a link
+    that k of them share gets k/n. The engine's weights (bytes / mean flow) take the
+    fractions as they come. A sprayed collective waits for its slowest packet, so its
+    latency is the longest candidate's."""
     chosen = decisions.paths.get(job.id, ())
     loads: dict[int, float] = {}
     alpha = 0.0
@@ -70,6 +76,9 @@ def job_load(topo: Topology, finder: PathFinder, job: Job, decisions: Decisions,
     for k, fi in enumerate(idx):
         f = job.flows[fi]
         path = chosen[k] if k < len(chosen) and chosen[k] is not None else None
+        if path is None and decisions.spray:
+            alpha = max(alpha, _spray(topo, finder, f, loads))
+            continue
         if path is None:
             path = hash_path(finder, f, source_port(job.id, fi, seed), seed)
         for link in path.tolist():
@@ -77,6 +86,19 @@ def job_load(topo: Topology, finder: PathFinder, job: Job, decisions: Decisions,
         alpha = max(alpha, topo.path_latency(path))
     mean = float(np.mean([job.flows[i].bytes for i in idx])) if idx else 0.0
     return TrafficLoad(loads, alpha, mean, tuple(sorted(loads.items())))
+
+
+def _spray(topo: Topology, finder: PathFinder, f: FlowSpec, loads: dict[int, float]) -> float:
+    """Add flow `f`'s bytes to `loads` spread evenly over its candidates; the longest
+    candidate's latency."""
+    cands = finder.candidates(f.src, f.dst, f.src_port, f.dst_port)
+    if len(cands) == 0:
+        raise PlanningError(f"no path from {f.src} to {f.dst}")
+    links, uses = np.unique(cands, return_counts=True)
+    share = f.bytes / len(cands)
+    for link, n in zip(links.tolist(), uses.tolist(), strict=True):
+        loads[link] = loads.get(link, 0.0) + share * n
+    return max(topo.path_latency(c) for c in cands)
 
 
 def recent_throughput(running: dict[str, RunningJob],
@@ -126,7 +148,10 @@ def _part(topo: Topology, ids: list[str], runs: list[RunningJob], loads: list[Tr
         alpha=np.array([ld.alpha for ld in loads]),
         budget=np.array([math.ceil(r.budget_left - 1e-9) if math.isfinite(r.budget_left)
                          else math.inf for r in runs], dtype=np.float64))
-    signature = tuple((j, d, ld.key) for j, d, ld in zip(ids, dense, loads, strict=True))
+    # everything the engine takes from a load: the bytes per link (sprayed fractions
+    # included) and the latency, which spraying changes for the same job
+    signature = tuple((j, d, ld.key, ld.alpha)
+                      for j, d, ld in zip(ids, dense, loads, strict=True))
     return ids, used, Component(engine, [r.state for r in runs],
                                 np.array([r.budget_left for r in runs]), signature, window)
 

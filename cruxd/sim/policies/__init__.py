@@ -10,6 +10,7 @@ from cruxd.sim.policies.crux import crux_fair, crux_full, crux_pa, crux_ps_pa
 from cruxd.sim.policies.ecmp import Ecmp
 from cruxd.sim.policies.fixed import Fixed
 from cruxd.sim.policies.sincronia import Sincronia
+from cruxd.sim.policies.spray import Spray, SprayCruxPa
 from cruxd.sim.policies.taccl import Taccl
 
 POLICIES: dict[str, Callable[[], Policy]] = {
@@ -21,6 +22,8 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "sincronia": Sincronia,
     "taccl*": Taccl,
     "cassini": Cassini,
+    "spray": Spray,
+    "spray+crux-pa": SprayCruxPa,
 }
 
 

@@ -29,12 +29,16 @@ class Context:
 class Decisions:
     """level: larger = higher priority (missing: 0). paths: per job, one entry per
     network flow (job.flows without intra-host ones) with its link indices, or None
-    to leave that flow to ECMP (missing job: all ECMP). offset_s: extra delay before
-    a newly arrived job starts (CASSINI)."""
+    to leave that flow to the fabric (missing job: all to the fabric). offset_s: extra
+    delay before a newly arrived job starts (CASSINI). spray: what the fabric does with
+    a flow left to it: False, ECMP hashes it onto one candidate path; True, it sprays
+    the flow's bytes evenly over all its candidates (adaptive routing, per-packet
+    spraying: Spectrum-X, InfiniBand AR, UEC)."""
 
     level: dict[str, int] = field(default_factory=dict)
     paths: dict[str, tuple[np.ndarray | None, ...]] = field(default_factory=dict)
     offset_s: dict[str, float] = field(default_factory=dict)
+    spray: bool = False
 
 
 class Policy(Protocol):
