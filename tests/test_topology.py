@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cruxd.errors import TopologyError
-from cruxd.model.topology import NodeKind, TopologyBuilder
+from cruxd.model.paths import PathFinder
+from cruxd.model.topology import NodeKind, Topology, TopologyBuilder
 from cruxd.topo import clos2, double_sided, lingjun, testbed96, trace_clos
 from cruxd.topo.lingjun import read_rows
 from tests.paths import FIXTURES
@@ -45,6 +46,41 @@ def test_double_sided_shape() -> None:
     h = t.hosts[0]
     assert t.nic_ports(h) == 8
     assert len({t.links[i].dst for i in t.uplinks(h)}) == 2  # dual-homed
+
+
+def _between(t: Topology, a: str, b: str) -> list[int]:
+    return [i for i, ln in enumerate(t.links) if (ln.src, ln.dst) == (a, b)]
+
+
+@pytest.mark.parametrize(("tor_agg", "agg_core"), [(2, 1), (3, 2), (1, 1)])
+def test_double_sided_parallel_cables_are_separate_links(tor_agg: int, agg_core: int) -> None:
+    t = double_sided(hosts_per_pod=2, tor_agg_links=tor_agg, agg_core_links=agg_core)
+    fat = double_sided(hosts_per_pod=2, tor_agg_links=1, agg_core_links=1)
+    for (a, b), n in ((("tor0", "agg0"), tor_agg), (("agg0", "tor0"), tor_agg),
+                      (("agg0", "core0"), agg_core), (("core0", "agg0"), agg_core)):
+        cables = _between(t, a, b)
+        assert len(cables) == n
+        # together as fast as the one aggregated link of a single-cable build
+        total = sum(t.links[i].capacity_gbps for i in cables)
+        assert total == pytest.approx(fat.links[_between(fat, a, b)[0]].capacity_gbps)
+    # ECMP and spraying see every cable: candidates within a pod (ToR 0 -> ToR 1) ...
+    finder = PathFinder(t)
+    within = {int(x) for x in finder.candidates("h0", "h1", 0, t.nic_ports("h1") - 1).ravel()}
+    for agg in ("agg0", "agg1", "agg2", "agg3"):
+        assert set(_between(t, "tor0", agg)) <= within
+        assert set(_between(t, agg, "tor1")) <= within
+    # ... and between pods, with a cap above the pair's path count
+    src, dst = "h0", t.hosts[-1]
+    n = PathFinder(t).count(src, dst, 0, 0)
+    across = {int(x) for x in PathFinder(t, max_paths=n).candidates(src, dst, 0, 0).ravel()}
+    assert set(_between(t, "tor0", "agg0")) | set(_between(t, "agg0", "core0")) <= across
+    dst_tor = t.links[t.downlinks(dst)[0]].src
+    assert set(_between(t, "agg8", dst_tor)) <= across
+
+
+def test_double_sided_refuses_zero_cables() -> None:
+    with pytest.raises(TopologyError, match="tor_agg_links must be > 0"):
+        double_sided(hosts_per_pod=2, tor_agg_links=0)
 
 
 def test_ports_are_numbered_per_host() -> None:

@@ -80,7 +80,8 @@ def _builder(cur: Cursor, base: Path) -> Topology:
 
 _INT_PARAMS = {"tors", "aggs", "hosts_per_tor", "pods", "tors_per_pod", "aggs_per_pod",
                "cores", "hosts_per_pod", "links_per_host", "gpus_per_host", "nics_per_host",
-               "links_per_agg", "agg_links_per_tor", "tor_uplinks", "psw_uplinks"}
+               "links_per_agg", "agg_links_per_tor", "tor_uplinks", "psw_uplinks",
+               "tor_agg_links", "agg_core_links"}
 
 
 def _explicit(cur: Cursor) -> Topology:

@@ -58,7 +58,8 @@ def trace_clos(**overrides: float) -> Topology:
 def double_sided(*, pods: int = 3, tors_per_pod: int = 2, aggs_per_pod: int = 4,
                  cores: int = 32, hosts_per_pod: int = 86, gpus_per_host: int = 8,
                  links_per_host: int = 8, nic_gbps: float = 100.0,
-                 oversubscription: float = 1.0, name: str = "double-sided") -> Topology:
+                 oversubscription: float = 1.0, tor_agg_links: int = 2,
+                 agg_core_links: int = 1, name: str = "double-sided") -> Topology:
     """Three-layer double-sided fabric (defaults: 6 ToR, 12 aggregation, 32 core).
 
     A pod is `tors_per_pod` ToRs and `aggs_per_pod` aggregation switches; every host
@@ -66,12 +67,19 @@ def double_sided(*, pods: int = 3, tors_per_pod: int = 2, aggs_per_pod: int = 4,
     (ports 0-3 to the first ToR, 4-7 to the second). Every ToR links to every
     aggregation switch of its pod; aggregation switch i of each pod links to the
     cores of plane i (cores / aggs_per_pod cores per plane). Switch-to-switch
-    capacities keep the fabric 1:1 unless `oversubscription` says otherwise; each
-    switch pair is one aggregated link.
+    capacities keep the fabric 1:1 unless `oversubscription` says otherwise.
+
+    A ToR-agg pair is `tor_agg_links` parallel cables and an agg-core pair
+    `agg_core_links`, each cable an equal share of the pair's capacity: separate
+    links that ECMP hashes over, as a real bundle is, so two flows can collide on
+    one cable while its sibling idles. The defaults keep a rail-pinned flow between
+    pods at 4 aggs x 2 cores x 2 x 2 cables = 32 candidates, under the path finder's
+    cap of 64: past it the cap's stride would skip the same cable for every flow.
     """
     _positive(pods=pods, tors_per_pod=tors_per_pod, aggs_per_pod=aggs_per_pod, cores=cores,
               hosts_per_pod=hosts_per_pod, links_per_host=links_per_host, nic_gbps=nic_gbps,
-              oversubscription=oversubscription)
+              oversubscription=oversubscription, tor_agg_links=tor_agg_links,
+              agg_core_links=agg_core_links)
     if links_per_host % tors_per_pod:
         raise TopologyError("links_per_host must split evenly over the pod's ToRs")
     if cores % aggs_per_pod:
@@ -87,11 +95,11 @@ def double_sided(*, pods: int = 3, tors_per_pod: int = 2, aggs_per_pod: int = 4,
         aggs = [b.switch(f"agg{p * aggs_per_pod + a}", tier=2) for a in range(aggs_per_pod)]
         for a, agg in enumerate(aggs):
             for core in core_ids[a * per_plane:(a + 1) * per_plane]:
-                b.link(agg, core, agg_core)
+                b.link(agg, core, agg_core / agg_core_links, count=agg_core_links)
         tors = [b.switch(f"tor{p * tors_per_pod + t}", tier=1) for t in range(tors_per_pod)]
         for tor in tors:
             for agg in aggs:
-                b.link(tor, agg, tor_agg)
+                b.link(tor, agg, tor_agg / tor_agg_links, count=tor_agg_links)
         for _ in range(hosts_per_pod):
             host = b.host(f"h{h}", gpus_per_host)
             for tor in tors:

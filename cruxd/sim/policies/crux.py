@@ -50,9 +50,10 @@ class Crux:
             # the top level is the lifted jobs' alone: sharing it with the most
             # intensive job left some below the floor (0.47 on a second seed)
             levels -= 1
+        # the planner picks among the candidates the fabric hashes or sprays over
         p = self.planner.plan(ClusterView(ctx.topology, ctx.jobs),
                               PlanConfig(levels=levels, dscp=tuple(range(levels)),
-                                         seed=ctx.seed))
+                                         seed=ctx.seed, max_paths=ctx.finder.max_paths))
         if self.compress:
             level = {d.job: d.level for d in p.jobs}
         else:
