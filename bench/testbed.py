@@ -2,7 +2,8 @@
 beside the simulator's prediction for the same file (seed §6.2, Figs. 19-20).
 
     sudo .venv/bin/python bench/testbed.py examples/testbed-fig19-rig.json \\
-        [--mode standalone,ecmp,crux,crux-hints] [--duration 60] [--scale 1e-3]
+        [--mode standalone,ecmp,crux,crux-hints,paths-only,levels-only]
+        [--duration 60] [--scale 1e-3]
         [--link-down LEAF:SPINE@S] [--plot F.png] [--json]
 
 The fabric is the scenario's, built from network namespaces with the kernel's ECMP and
@@ -12,11 +13,35 @@ one `tests/rig/ringjob.py` process per host: compute, then a ring all-reduce ove
 
 Modes: `standalone` (each job alone: the ideal), `ecmp` (no cruxd), `crux` (cruxd on every
 host measuring every job live, W_j from replayed GPUs) and `crux-hints` (jobs declare their
-profiles); see tests/rig/testbed_crux.py. `--link-down` fails a cable in the crux modes
+profiles); see tests/rig/testbed_crux.py. `--link-down` fails a cable in those two
 (tests/rig/testbed_churn.py); `--plot` draws utilisation over time per mode. A job with
 `arrival_s` starts that long into the measured window, and one with `iterations` leaves
 after that many iterations in it; the simulator then replays both as they happened.
 For the crux modes the simulator also replays the plan that ran (its paths and levels).
+
+Each of crux's two mechanisms alone, to measure its share on the kernel's queues: both are
+`crux` (live, the same agents and leader) with the other mechanism taken away on the rig,
+so the plan is made as crux makes it and nothing in cruxd changes.
+    paths-only   crux's paths, no priorities: once every job is planned (after the
+                 profiling windows, which need the top level to themselves), every switch
+                 port puts all the levels' DSCPs in one class (`Fabric.one_class`), as a
+                 fabric with one queue would. Not `[leader] levels = 1`, which config
+                 accepts: with one level there is no profiling window (can_profile), so
+                 live t_j would be measured under contention and could order, and so
+                 route, the jobs differently from crux's plan; with K = 1 the planner's
+                 paths are otherwise the same (path selection does not look at levels).
+                 The simulator replays the paths that ran, every job on one level, and
+                 predicts crux-full's plan at one level.
+    levels-only  crux's levels, the kernel's ports and ECMP: the agents probe toward a
+                 port the rings do not use, so the socket interposer gives each ring
+                 connection its level's DSCP (its accepted end too) and leaves its source
+                 port to the kernel, since a decided port selects a path toward the port
+                 it was probed with only. The leader still plans paths (toward that other
+                 port) and sets levels from them, as crux would; it does not know where
+                 the kernel put the rings. The simulator replays the paths the kernel took
+                 (counted per spine, as in ecmp mode) at the plan's levels, and predicts
+                 crux's levels on its own ECMP hash (crux-pa's paths with compression).
+Jobs arriving mid-window in paths-only profile in the one class.
 """
 
 from __future__ import annotations
@@ -30,7 +55,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tables import preamble, table  # bench/ is on sys.path when run as a script
+from _testbed_report import plot, print_tables
+from tables import preamble  # bench/ is on sys.path when run as a script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.rig
 
@@ -40,6 +66,7 @@ from cruxd.model.topology import Topology
 from cruxd.scenario import Scenario, load_scenario
 from cruxd.scenario.simulation import simulation_of
 from cruxd.sim.policies import Policy, make_policy
+from cruxd.sim.policies.crux import Crux
 from cruxd.sim.policies.ecmp import Ecmp
 from cruxd.sim.policies.pinned import Pinned
 from cruxd.sim.run import SimResult, simulate
@@ -62,17 +89,21 @@ from tests.rig.testbed_metrics import (
 )
 from tests.rig.testbed_run import Logs, run_mode
 
-MODES = ("standalone", "ecmp", "crux", "crux-hints")
+MODES = ("standalone", "ecmp", "crux", "crux-hints", "paths-only", "levels-only")
 SIM_POLICY = {"standalone": "standalone", "ecmp": "ecmp", "crux": "crux-full",
-              "crux-hints": "crux-full"}
+              "crux-hints": "crux-full", "paths-only": "paths-only",
+              "levels-only": "levels-only"}
+STEER = {"paths-only": "paths", "levels-only": "levels"}  # tests/rig/testbed_crux.py
 
 
 def _run(sc: Scenario, policy: Policy, duration_s: float, seed: int | None = None,
          topo: Topology | None = None,
-         churn: dict[str, tuple[float, float | None]] | None = None) -> SimResult:
-    """The simulator on the scenario; `churn` replaces jobs' (arrival_s, iterations) with
-    what happened on the rig."""
-    jobs, settings = simulation_of(sc, policies=["ecmp"], horizon_s=duration_s, seed=seed)
+         churn: dict[str, tuple[float, float | None]] | None = None,
+         levels: int | None = None) -> SimResult:
+    """The simulator on the scenario (on `levels` instead of its own); `churn` replaces
+    jobs' (arrival_s, iterations) with what happened on the rig."""
+    jobs, settings = simulation_of(sc, policies=["ecmp"], horizon_s=duration_s, seed=seed,
+                                   levels=levels)
     if churn:
         jobs = [dataclasses.replace(j, arrival_s=churn[j.job.id][0],
                                     iterations=churn[j.job.id][1])
@@ -90,8 +121,13 @@ def _utilizations(res: SimResult) -> dict[str, Any]:
 def simulated(sc: Scenario, duration_s: float,
               churn: dict[str, tuple[float, float | None]] | None = None,
               ) -> dict[str, dict[str, Any]]:
-    """The simulator on the same file: per policy, cluster and per-job utilisation."""
-    out = {}
+    """The simulator on the same file: per policy, cluster and per-job utilisation;
+    paths-only is crux-full on one level (its paths do not depend on the levels),
+    levels-only crux's compressed levels on ECMP's paths."""
+    out = {"paths-only": _utilizations(_run(sc, make_policy("crux-full"), duration_s,
+                                            churn=churn, levels=1)),
+           "levels-only": _utilizations(_run(sc, Crux("levels-only", paths=False),
+                                             duration_s, churn=churn))}
     for name in ("ecmp", "crux-full"):
         res = _run(sc, make_policy(name), duration_s, churn=churn)
         out[name] = _utilizations(res)
@@ -152,11 +188,23 @@ def simulated_on(sc: Scenario, duration_s: float,
     return _utilizations(_run(sc, Pinned(via, levels=levels), duration_s, churn=churn))
 
 
+def replayed_levels(mode: str, jobs: dict[str, dict[str, Any]]) -> dict[str, int] | None:
+    """The levels the simulator replays a crux-mode run on, beside the spines that carried
+    each hop: the plan's, except in paths-only, whose switches had one class for all
+    (None: every job on one level)."""
+    if mode == "paths-only":
+        return None
+    return {j: int(s.get("level", 0)) for j, s in jobs.items()}
+
+
 def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
             warmup_s: float, levels: int, link_down: LinkDown | None) -> dict[str, Any]:
     if mode in ("crux", "crux-hints"):
         run = run_crux(layout, workdir, duration_s, levels, live=mode == "crux",
                        warmup_s=warmup_s, link_down=link_down)
+    elif mode in STEER:  # live crux with one mechanism taken away
+        run = run_crux(layout, workdir, duration_s, levels, live=True, warmup_s=warmup_s,
+                       steer=STEER[mode])
     else:
         run = run_mode(layout, mode, workdir, duration_s, warmup_s)
     logs, carried, plan = run.logs, run.carried, run.plan
@@ -220,7 +268,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("scenario", help="a scenario file (docs/scenario.md)")
     p.add_argument("--mode", default="standalone,ecmp,crux",
-                   help=f"comma list of {', '.join(MODES)} (standalone,ecmp,crux)")
+                   help=f"comma list of {', '.join(MODES)} (standalone,ecmp,crux); "
+                        "paths-only and levels-only are live crux with only its paths "
+                        "(switches: one class) or only its levels (the kernel's ports)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds per mode (60)")
     p.add_argument("--warmup", type=float, default=10.0,
                    help="seconds left out at the start of each window (10)")
@@ -230,7 +280,8 @@ def main() -> int:
                    help="keep the jobs' logs and the daemons' configs and logs here "
                         "(default: a temporary directory, removed)")
     p.add_argument("--link-down", metavar="LEAF:SPINE@S",
-                   help="crux modes: take the cable between LEAF and SPINE down S seconds "
+                   help="crux, crux-hints: take the cable between LEAF and SPINE down S "
+                        "seconds "
                         "into the measured window, and report the times to new decisions "
                         "and to settled utilisation (agents re-verify paths every "
                         "5 s in such a run)")
@@ -297,10 +348,9 @@ def main() -> int:
             if mode == "ecmp" and m["paths"]:
                 m["simulated"]["observed_paths"] = simulated_on(sc, horizon, m["paths"],
                                                                 churn)
-            if mode.startswith("crux") and m["paths"]:  # the plan that ran, replayed
+            if mode not in ("standalone", "ecmp") and m["paths"]:  # what ran, replayed
                 m["simulated"]["as_planned"] = simulated_on(
-                    sc, horizon, m["paths"], churn,
-                    {j: int(s.get("level", 0)) for j, s in m["jobs"].items()})
+                    sc, horizon, m["paths"], churn, replayed_levels(mode, m["jobs"]))
             m["paths"] = {j: {f"{a}->{b}": sp for (a, b), sp in v.items()}
                           for j, v in m["paths"].items()}
             result["modes"][mode] = m
@@ -321,101 +371,6 @@ def main() -> int:
         return 0
     print_tables(result)
     return 0
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.1%}"
-
-
-def print_tables(result: dict[str, Any]) -> None:
-    rows = [[mode, f"{m['utilization']:.3f}", _pct(m["gain_over_ecmp"]),
-             _num(m["fraction_of_standalone"]), f"{m['simulated']['utilization']:.3f}",
-             _pct(m["simulated"]["error"])] for mode, m in result["modes"].items()]
-    print(table(["mode", "GPU util", "vs ecmp", "of standalone", "simulated", "error"], rows))
-    for mode, m in result["modes"].items():
-        if "observed_paths" in m["simulated"]:
-            o = m["simulated"]["observed_paths"]
-            d = m["simulated"]["hash_draws"]
-            print(f"{mode}, simulated on the paths the kernel's ECMP took: "
-                  f"{o['utilization']:.3f} (error {_pct(o['error'])}); over {d['n']} hash "
-                  f"seeds: {d['min']:.3f} to {d['max']:.3f}, mean {d['mean']:.3f}")
-    for mode, m in result["modes"].items():
-        if "as_planned" in m["simulated"]:
-            o = m["simulated"]["as_planned"]
-            print(f"{mode}, simulated on the paths and levels the live plan ran: "
-                  f"{o['utilization']:.3f} (error {_pct(o['error'])})")
-    for mode, m in result["modes"].items():
-        if "link_down" in m:
-            d = m["link_down"]
-            print(f"{mode}: cable leaf {d['leaf']} - spine {d['spine']} down "
-                  f"{d['at_s']:.1f} s into the window; new decisions after "
-                  f"{_secs(d['decided_s'])}, utilisation settled after "
-                  f"{_secs(d['recovered_s'])} (every job's iterations: after "
-                  f"{_secs(d['jobs_recovered_s'])}); utilisation "
-                  f"{d['utilization_before']:.3f} before, {d['utilization_after']:.3f} "
-                  f"after, simulated on the fabric without the cable "
-                  f"{d['simulated_after']:.3f} (crux-full's own plan)"
-                  + (f", {d['simulated_as_planned_after']:.3f} (the plan that ran after)"
-                     if "simulated_as_planned_after" in d else "")
-                  + "; levels at the end: " + ", ".join(
-                      f"{j} {lv}" for j, lv in d.get("levels_after", {}).items()))
-    for mode, m in result["modes"].items():
-        if m.get("events"):
-            jobs = list(m["jobs"])
-            print(f"\n{mode}: jobs arriving and leaving (median iteration s: before the "
-                  f"event / until the plan that took it in / after that plan)")
-            print(table(["event", "at s", "plan after", *jobs],
-                        [[f"{e['job']} {e['event']}s", f"{e['at_s']:.1f}",
-                          _secs(e["decided_s"]) if mode != "ecmp" else "(no leader)",
-                          *(_phase(e["jobs"][j]) for j in jobs)] for e in m["events"]]))
-    for mode, m in result["modes"].items():
-        print(f"\n{mode}")
-        print(table(["job", "GPUs", "iteration s", "iterations", "utilisation"],
-                    [[j, s["gpus"], f"{s['iteration_s']:.3f}", s["iterations"],
-                      f"{s['utilization']:.3f}"] for j, s in m["jobs"].items()]))
-
-
-def plot(path: Path, result: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for mode, m in result["modes"].items():
-        if "timeline" in m:
-            xs, ys = zip(*m["timeline"], strict=True) if m["timeline"] else ((), ())
-            line = ax.plot(xs, ys, label=f"{mode} ({m['utilization']:.3f})")
-            if "link_down" in m:
-                ax.axvline(m["link_down"]["at_s"], color="grey", linestyle=":")
-            for e in m.get("events", []):  # arrivals and departures, as they happened
-                ax.axvline(e["at_s"], color=line[0].get_color(), linestyle=":", alpha=0.6)
-                ax.annotate(f"{e['job']} {e['event']}s", (e["at_s"], 0.02), rotation=90,
-                            fontsize=7, color=line[0].get_color())
-        elif mode == "standalone":
-            ax.axhline(m["utilization"], color="black", linestyle="--",
-                       label=f"standalone ({m['utilization']:.3f})")
-    ax.set_xlabel("seconds into the measured window")
-    ax.set_ylabel("cluster GPU utilisation")
-    ax.set_ylim(0, 1.05)
-    ax.set_title(Path(result["scenario"]).name)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _secs(x: float | None) -> str:
-    return "- (not within the window)" if x is None else f"{x:.1f} s"
-
-
-def _phase(p: dict[str, float | None]) -> str:
-    return " / ".join("-" if p[k] is None else f"{p[k]:.3f}"
-                      for k in ("before_s", "until_plan_s", "after_s"))
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
 
 
 if __name__ == "__main__":

@@ -73,3 +73,20 @@ def test_ports_on_distinct_spines_double_the_throughput_of_colliding_ones() -> N
     print(f"colliding on one spine: {together:.2f} Mbit/s; on two spines: {spread:.2f} Mbit/s")
     assert together <= rate * 1.15, same
     assert spread > 1.7 * together and spread > 0.85 * 2 * rate, (same, apart)
+
+
+def test_one_class_puts_every_level_in_the_lowest_levels_queue() -> None:
+    """The testbed's paths-only mode: after one_class the top level's DSCP lands in the
+    lowest level's class, on a port built with both."""
+    with Fabric(hosts_per_leaf=1, leaves=2, spines=1, link_mbit=8.0,
+                dscp_by_level=(8, 40)) as f:
+        port = f.uplink(0, 0)
+        run_flows(f, [Flow("h0", "h1", 2.0, dscp=40)], 1.0)
+        split = f.class_bytes("l0", port)
+        f.one_class()
+        run_flows(f, [Flow("h0", "h1", 2.0, dscp=40)], 1.0)
+        merged = f.class_bytes("l0", port)
+    # before: the top level's class; after: the lowest level's, and the top one no more
+    assert split["1:11"] > 100_000 and split.get("1:10", 0) < 10_000, split
+    assert merged["1:10"] - split.get("1:10", 0) > 100_000, (split, merged)
+    assert merged["1:11"] - split["1:11"] < 10_000, (split, merged)

@@ -426,6 +426,24 @@ class Fabric:
                     f"dsfield 0xc0 0xc0 flowid 1:9")
         _run("tc", "-n", ns, "-batch", "-", stdin="\n".join(cmds) + "\n")
 
+    def one_class(self) -> None:
+        """From now on every level's DSCP goes to the lowest level's class (1:10) on
+        every shaped switch port: the fabric stops telling the levels apart, as one
+        with a single queue would, while control and probes keep theirs (1:9). What
+        the testbed's paths-only mode measures crux's paths on."""
+        for node, ifnames in self._switch_ports().items():
+            cmds = []
+            for ifname in ifnames:
+                if self.port_mbit(node, ifname) is None:
+                    continue  # not shaped: no classes
+                # the levels' filters are priority_queues' prio 1; prio 2 (CS6/CS7) stays
+                cmds.append(f"filter del dev {ifname} parent 1: protocol ip prio 1")
+                cmds += [f"filter add dev {ifname} parent 1: protocol ip prio 1 u32 match ip "
+                         f"dsfield {dscp << 2:#x} 0xfc flowid 1:10"
+                         for dscp in self.dscp_by_level]
+            if cmds:
+                _run("tc", "-n", self.ns(node), "-batch", "-", stdin="\n".join(cmds) + "\n")
+
     def class_bytes(self, node: str, ifname: str) -> dict[str, int]:
         """Bytes each HTB class of a port (see priority_queues) has sent, by class id."""
         # this iproute2 prints classes as text even with -j

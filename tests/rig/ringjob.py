@@ -86,10 +86,13 @@ def _connect(addr: str, port: int, opts: SockOpts) -> socket.socket:
 class Decisions:
     """This rank's decision toward its next rank, as crux-run's table holds it
     (CRUX_DECISION_TABLE, CRUX_JOB_ID), to notice when the plan changed it. Without a
-    table (no crux) it never changes."""
+    table (no crux) it never changes. The decision's source ports count only when it was
+    made toward `port`, the ring's: the shim binds them toward that port alone, so a
+    change of ports toward another one (the testbed's levels-only mode probes elsewhere)
+    changes nothing this ring's connections would take."""
 
-    def __init__(self, peer: str) -> None:
-        self.peer = peer
+    def __init__(self, peer: str, port: int) -> None:
+        self.peer, self.port = peer, port
         self.reader = None
         table, self.job = os.environ.get("CRUX_DECISION_TABLE"), os.environ.get("CRUX_JOB_ID")
         if table and self.job:
@@ -105,7 +108,9 @@ class Decisions:
             d = self.reader.lookup(self.job, self.peer)
         except Exception:  # a damaged table: keep what we have
             return self.at_connect
-        return None if d is None else (d.dscp, tuple(d.tcp_sports), d.tcp_dport)
+        if d is None:
+            return None
+        return (d.dscp, tuple(d.tcp_sports) if d.tcp_dport == self.port else (), d.tcp_dport)
 
     def changed(self) -> bool:
         return self.now() != self.at_connect
@@ -126,7 +131,7 @@ class Ring:
         self.listener = _listen(peers[rank][1], opts)
         self.listener.settimeout(CONNECT_TIMEOUT_S)
         self.nxt = peers[(rank + 1) % self.n]
-        self.decisions = Decisions(self.nxt[0])
+        self.decisions = Decisions(*self.nxt)
         self.reconnects = 0
         self._connect()
 

@@ -9,12 +9,21 @@ profiling window at the top level, then the leader plans with the profiled figur
 `crux-hints`: each job declares W_j, compute time and model size when it registers
 (static measurement, `accept_job_hints`).
 
-In both, the ranks run under `crux-run` from the start. TCP decisions apply at connect, so
-a rank whose decision toward its next rank changes (a profiling window's level, the plan's
-ports) has the whole ring rebuilt after the current iteration (tests/rig/ringjob.py): the
-way a job that re-creates its communicators would take a new plan. Utilisation is measured
-from the moment every job is planned. The switch ports' queues use the leader's DSCP per
-level.
+`paths-only` and `levels-only` are `crux` with one of its two mechanisms taken away, to
+measure each one's share on the kernel's queues (bench/testbed.py says why these ways):
+    paths-only   once the plan is in place, every switch port puts all the levels' DSCPs
+                 in one class (`Fabric.one_class`): crux's paths, no priorities;
+    levels-only  the agents probe toward a port the ring does not use (OTHER_PORT), so
+                 the socket interposer gives the ring's connections their level's DSCP
+                 and nothing else (a source port selects a path toward the port it was
+                 probed with only): the kernel's ports and ECMP, crux's levels.
+
+In all of them, the ranks run under `crux-run` from the start. TCP decisions apply at
+connect, so a rank whose decision toward its next rank changes (a profiling window's
+level, the plan's ports) has the whole ring rebuilt after the current iteration
+(tests/rig/ringjob.py): the way a job that re-creates its communicators would take a new
+plan. Utilisation is measured from the moment every job is planned. The switch ports'
+queues use the leader's DSCP per level.
 """
 
 from __future__ import annotations
@@ -35,6 +44,10 @@ from tests.rig.testbed_run import JobProcs, ModeRun, read_logs, spine_bytes, sto
 LEADER_PORT = 7470
 PEAK_TFLOPS = 312.0  # the replayed GPUs: A100s
 PROFILING_S = 12.0
+# levels-only: the port the agents probe toward, where nothing listens (a TCP trace ends
+# at the peer's RST as well as at a listener's SYN-ACK, probing/tcp_ttl.py)
+OTHER_PORT = RING_PORT + 1
+STEERS = {"both": "", "paths": "paths-only", "levels": "levels-only"}  # steer -> mode
 REVERIFY_S = 5.0  # probing.interval_s in a link-down run (the default is 300 s)
 # The live agents' NIC counter rate: a burst must span two samples to be measured (see
 # cruxd/measure/estimate.py); the ResNets' 7 ms bursts do at 250 Hz, not at the default 100.
@@ -72,9 +85,10 @@ def standalone_period(layout: Layout, job: EmuJob) -> float:
 
 
 def agent_config(f: Fabric, host: str, root: Path, levels: int,
-                 gpu_file: Path | None = None) -> dict[str, dict[str, Any]]:
+                 gpu_file: Path | None = None,
+                 dport: int = RING_PORT) -> dict[str, dict[str, Any]]:
     """A host's cruxd: declared profiles (static measurement), or live measurement with
-    the replayed GPUs in `gpu_file`."""
+    the replayed GPUs in `gpu_file`; TCP probing toward `dport`."""
     leader = f"{f.address('h0')}:{LEADER_PORT}"
     cfg: dict[str, dict[str, Any]] = {
         "daemon": {"roles": ["agent", "leader"] if host == "h0" else ["agent"],
@@ -84,7 +98,7 @@ def agent_config(f: Fabric, host: str, root: Path, levels: int,
                   "report_interval_s": 1.0, "measurement": "static",
                   "accept_job_hints": True},
         "probing": {"fabric_prefixes": ["10.2.0.0/15"], "rate_pps": 1000, "timeout_s": 0.3,
-                    "tcp_dport": RING_PORT},
+                    "tcp_dport": dport},
     }
     if gpu_file is not None:
         cfg["agent"].update(measurement="live", accept_job_hints=False)
@@ -112,12 +126,13 @@ def _hints(layout: Layout, job: EmuJob, rank: int) -> list[str]:
             "--allreduce-bytes", f"{job.model_bytes:g}"]
 
 
-def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...],
-            profiled: bool = False) -> dict[str, Any] | None:
-    """The leader's jobs once each is scheduled with TCP ports toward the ring port on
-    every route (the TCP sweep follows the UDP one, so the leader plans twice), and with
-    `profiled`, planned with its profiled measurement (from at least one host: the other
-    host of a two-host job sometimes keeps its unprofiled figures, not yet understood)."""
+def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...], profiled: bool = False,
+            dport: int = RING_PORT) -> dict[str, Any] | None:
+    """The leader's jobs once each is scheduled with TCP ports toward `dport` (the ring
+    port but in levels-only) on every route (the TCP sweep follows the UDP one, so the
+    leader plans twice), and with `profiled`, planned with its profiled measurement (from
+    at least one host: the other host of a two-host job sometimes keeps its unprofiled
+    figures, not yet understood)."""
     have = {j["job_id"]: j for j in (doc.get("cluster") or {}).get("jobs", [])}
     for job in jobs:
         j = have.get(job.id)
@@ -128,27 +143,30 @@ def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...],
             return None
         routes = j.get("routes", [])
         if len(routes) < len(job.hosts) or not all(
-                r.get("tcp_dport") == RING_PORT and r.get("tcp_sports") for r in routes):
+                r.get("tcp_dport") == dport and r.get("tcp_sports") for r in routes):
             return None
     return have
 
 
 def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live: bool,
              warmup_s: float = 0.0, progress: bool = True,
-             link_down: LinkDown | None = None) -> ModeRun:
+             link_down: LinkDown | None = None, steer: str = "both") -> ModeRun:
     """Iteration logs per job after the plan, the bytes each job's hops put on each spine
     meanwhile, the leader's view of each job (levels, routes, measurement) as the
     window began, with `link_down` when the cable went and how long the leader took to
     re-plan, and the jobs' arrivals and departures with the time each took to plan
-    (tests/rig/testbed_churn.py)."""
-    mode = "crux" if live else "crux-hints"
+    (tests/rig/testbed_churn.py). `steer`: "both" (crux), "paths" (paths-only) or
+    "levels" (levels-only), see the module docstring."""
+    mode = STEERS[steer] or ("crux" if live else "crux-hints")
+    dport = OTHER_PORT if steer == "levels" else RING_PORT
     logdir = workdir / mode
     logdir.mkdir(parents=True, exist_ok=True)
     dscp = level_dscp(levels)
     on = {h: (job, rank) for job in layout.jobs for rank, h in enumerate(job.hosts)}
     initial = tuple(j for j in layout.jobs if j.arrival_s <= 0)
     with layout.fabric(dscp_by_level=dscp) as f:
-        root = workdir / ("dl" if live else "dh")  # short: an agent's socket path is
+        root = workdir / {"crux": "dl", "crux-hints": "dh", "paths-only": "dp",
+                          "levels-only": "dv"}[mode]  # short: an agent's socket path is
         # at most 107 bytes, and pytest's temporary directories are long
         root.mkdir(parents=True, exist_ok=True)
         daemons = []
@@ -156,7 +174,7 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
             job, rank = on.get(h, (None, 0))
             gpu_file = gpu_recording(root / f"{h}.gpus.json", job, rank, standalone_period(
                 layout, job) if job else 1.0) if live else None
-            cfg = agent_config(f, h, root, levels, gpu_file)
+            cfg = agent_config(f, h, root, levels, gpu_file, dport)
             if link_down is not None:  # re-verify paths often: the failure is found by
                 cfg["probing"]["interval_s"] = REVERIFY_S  # the sweep after it
             daemons.append(Daemon(root, h, cfg, netns=f.ns(h)))
@@ -174,7 +192,7 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
         def decided(event: JobEvent, doc: dict[str, Any]) -> bool:
             job = next(j for j in layout.jobs if j.id == event.job)
             if event.kind == "arrive":
-                return planned(doc, (job,), profiled=live) is not None
+                return planned(doc, (job,), profiled=live, dport=dport) is not None
             return not any(j["job_id"] == job.id and j.get("state") == "JOB_STATE_SCHEDULED"
                            for j in (doc.get("cluster") or {}).get("jobs", []))
 
@@ -189,16 +207,18 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
 
             def ready() -> dict[str, Any] | None:
                 seen[0] = leader()
-                return planned(seen[0], initial, profiled=live)
+                return planned(seen[0], initial, profiled=live, dport=dport)
             try:
                 plan = wait_for("every job scheduled with TCP ports", ready, timeout=120 + (
                     len(initial) * PROFILING_S * 2 if live else 0))
             except AssertionError as exc:
                 stop_jobs(procs)
                 raise AssertionError(f"{exc}; jobs: {summary(seen[0])}") from None
+            if steer == "paths":  # after the profiling windows, which need the top level
+                f.one_class()
             # the tables take the plan, then each ring rebuilds after its current iteration
             time.sleep(2.0 + 2 * max(standalone_period(layout, j) for j in initial))
-            plan = planned(leader(), initial) or plan
+            plan = planned(leader(), initial, dport=dport) or plan
             settled = time.time()
             _say(progress, f"{mode}: planned after {time.monotonic() - t0:.1f} s; measuring "
                  f"{duration_s:g} s")
