@@ -8,6 +8,11 @@ ports changed, the agent reports at once. With `probing.tcp_dport` set, each swe
 is followed by a TCP one (TTL-limited SYNs toward that port, `tcp_ports_per_path`
 ports per path); paths are merged by hop signature, so a path may carry UDP ports,
 TCP ports or both.
+
+A plan saying the fabric routes (HostPlan.path_selection = "fabric": adaptive routing, the
+leader's `[leader] path_selection`) drops every peer: there is no path choice a port could
+make, so the agent sweeps nobody and sends no probe, whatever its own `agent.probing` says.
+The leader is the one place that decides it, so no agent's configuration can disagree.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from cruxd.config.model import ProbingConfig
-from cruxd.control.records import HostPlan, PathTable, ProbedPath
+from cruxd.control.records import PATHS_BY_FABRIC, HostPlan, PathTable, ProbedPath
 from cruxd.waits import wait_event
 from probing.int_prober import IntProber
 from probing.responder import ProbeResponder
@@ -122,7 +127,9 @@ class SweepProbing:
                  tcp_factory: TcpProberFactory | None = None) -> None:
         self.cfg = cfg
         self.host_id = host_id
-        self.name = f"sweep ({cfg.method}{f', tcp/{cfg.tcp_dport}' if cfg.tcp_dport else ''})"
+        self.swept_by = f"sweep ({cfg.method}{f', tcp/{cfg.tcp_dport}' if cfg.tcp_dport else ''})"
+        self.name = self.swept_by
+        self.fabric_routes = False  # the leader's plan leaves paths to the fabric
         self.on_change = on_change
         self.factory = factory or default_factory(cfg)
         self.tcp_factory = tcp_factory or default_tcp_factory(cfg)
@@ -148,15 +155,23 @@ class SweepProbing:
 
     # --- inputs --------------------------------------------------------------
     def plan_changed(self, hp: HostPlan) -> None:
+        fabric = hp.path_selection == PATHS_BY_FABRIC
+        if fabric != self.fabric_routes:
+            self.fabric_routes = fabric
+            self.name = f"{self.swept_by}, idle: the fabric routes" if fabric else self.swept_by
+            LOG.info("the leader %s: %s", "leaves paths to the fabric" if fabric
+                     else "steers paths by probed ports",
+                     "no sweeps" if fabric else "sweeping its jobs' peers")
+            self.on_change()  # the leader shows the new name
         peers: dict[str, list[str]] = {}
-        for a in hp.jobs:
+        for a in () if fabric else hp.jobs:
             for r in a.routes:
                 if r.src_host == self.host_id and r.peer_host != self.host_id:
                     peers.setdefault(r.peer_host, []).extend(r.peer_addresses)
         now = time.monotonic()
         if self.schedule.set_peers(peers, now):
             self.on_change()  # refused peers show up in the next report
-        self.schedule.request(hp.reprobe, now)
+        self.schedule.request(() if fabric else hp.reprobe, now)
         self._wake.set()
 
     # --- the loop ------------------------------------------------------------

@@ -10,6 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 STATES = {0: "?", 1: "profiling", 2: "scheduled", 3: "queued", 4: "expired", 5: "unmeasured"}
+# ClusterStatus.path_selection ([leader] path_selection), for people
+PATHS = {"crux": "steered by crux (probed source ports onto planned paths) and DSCP",
+         "fabric": "left to the fabric (adaptive routing); crux sets levels/DSCP only"}
 
 
 def _age(seconds: float) -> str:
@@ -26,10 +29,10 @@ def _num(x: float) -> str:
     return f"{x:.3g}" if x else "-"
 
 
-def _routes(job: Any) -> str:
+def _routes(job: Any, fabric: bool) -> str:
     out = []
     for r in job.routes:
-        port = f" sport {r.sport}" if r.sport else " ecmp"
+        port = f" sport {r.sport}" if r.sport else " fabric" if fabric else " ecmp"
         via = f" via {'>'.join(r.hops)}" if r.hops else ""
         out.append(f"{r.src_host}->{r.peer_host}{port}{via}")
     if len(out) > 3:
@@ -79,6 +82,8 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
                   f"{_age(now - planned) if planned else 'never'} ago, latency "
                   f"{cluster.plan_latency_s * 1000:.1f} ms, {cluster.levels} levels, "
                   f"fabric {cluster.topology or '-'}")
+    mode = cluster.path_selection or "crux"  # "": a leader from before the key
+    console.print(f"  paths: {PATHS.get(mode, mode)}")
     if cluster.ha_role:
         active = ("" if cluster.ha_role == "active"
                   else f"; active leader: {cluster.active_leader or 'none elected'}")
@@ -114,7 +119,7 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
         m = j.measurement
         jobs.add_row(j.job_id, state, ",".join(j.hosts), str(j.gpus), _num(m.flops_per_iter),
                      _num(m.comm_s), _num(m.period_s), _num(j.intensity), _num(j.k),
-                     str(j.rank), str(j.level), str(j.dscp), _routes(j), qps)
+                     str(j.rank), str(j.level), str(j.dscp), _routes(j, mode == "fabric"), qps)
     console.print(jobs)
 
 

@@ -121,6 +121,9 @@ class LeaderConfig:
     etcd_cert: Path | None = None
     etcd_key: Path | None = None
     advertise: str = ""  # the address agents dial; "" -> leader.listen
+    # "crux": probed source ports steer each flow onto its planned path; "fabric": adaptive
+    # routing picks paths, crux sets levels and DSCP only (records.PATH_SELECTIONS)
+    path_selection: str = "crux"
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from cruxd.config.model import (
 )
 from cruxd.config.probing_section import parse_probing
 from cruxd.config.toml_depth import MAX_DEPTH, too_deep
+from cruxd.control.records import PATH_SELECTIONS, PATHS_BY_CRUX
 from cruxd.errors import UsageError
 from cruxd.scheduler.dscp import DEFAULT_LEVELS, level_dscp
 
@@ -295,6 +296,7 @@ def _leader(s: Section, state_dir: Path) -> LeaderConfig:
         hints_dir=s.path("hints_dir"),
         hints_interval_s=s.number("hints_interval_s", 60.0, Range(1, 86400)),
         reflection=s.boolean("reflection", False),
+        path_selection=s.choice("path_selection", PATHS_BY_CRUX, PATH_SELECTIONS),
         **parse_ha(s, s.hostport("listen", "127.0.0.1:7470", min_port=0)),
     )
 

@@ -18,6 +18,8 @@ from cruxd.control.cluster import ClusterState, MergedJob
 from cruxd.control.discovery import discover
 from cruxd.control.records import (
     DECLARED_SOURCE,
+    PATHS_BY_CRUX,
+    PATHS_BY_FABRIC,
     HostPlan,
     JobAssignment,
     JobState,
@@ -44,6 +46,7 @@ class LeaderPlanConfig:
 
     planner: PlanConfig = field(default_factory=PlanConfig)
     star_nic_gbps: float = 100.0
+    path_selection: str = PATHS_BY_CRUX  # records.PATH_SELECTIONS ([leader] path_selection)
 
 
 @dataclass
@@ -67,6 +70,7 @@ class PublishedPlan:
     # decisions last changed at changed_at[host], else at `since`.
     since: int = 0
     changed_at: dict[str, int] = field(default_factory=dict)
+    path_selection: str = PATHS_BY_CRUX  # PATHS_BY_FABRIC: routes without ports or hops
     _per_host: dict[str, HostPlan] = field(default_factory=dict, repr=False, compare=False)
     _by_host: dict[str, list[JobAssignment]] = field(default_factory=dict, repr=False,
                                                      compare=False)
@@ -87,7 +91,7 @@ class PublishedPlan:
             jobs = tuple(j.for_host(host) for j in self._by_host.get(host, ()))
             hp = self._per_host[host] = HostPlan(self.generation, host, self.planned_unix_ms,
                                                  self.levels, jobs, self.reprobe.get(host, ()),
-                                                 self.term)
+                                                 self.term, path_selection=self.path_selection)
         return hp
 
     def unchanged_since(self, host: str, have: int) -> bool:
@@ -184,6 +188,9 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     """`planner`: the leader's IncrementalPlanner (the same plan, re-computing only what
     changed since its last call; one plan at a time); None plans from scratch. `jobs`:
     the leader's JobMemo, likewise."""
+    fabric = config.path_selection == PATHS_BY_FABRIC
+    if fabric:  # adaptive routing: no probed path to plan on or to probe again
+        inputs = replace(inputs, tables={}, reprobe={})
     topo, paths, discovered = fabric_for(inputs, topology, config)
     levels = config.planner.levels
     dscp = config.planner.dscp_values()
@@ -227,9 +234,11 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
         if peer is None:
             peer = addresses[(f.dst, f.src_port)] = _addresses(nics, f.dst, f.src_port)
         tcp_dport, tcp_sports = tcp.get((f.src, f.dst, f.hops), (0, ()))
+        # with the fabric routing, the path the scheduler modelled holds no traffic to it
         routes.setdefault(f.job, []).append(PeerRoute(
-            src_host=f.src, peer_host=f.dst, peer_addresses=peer, sport=f.sport or 0,
-            hops=f.hops, nic_port=f.src_port if f.src_port is not None else -1,
+            src_host=f.src, peer_host=f.dst, peer_addresses=peer,
+            sport=0 if fabric else f.sport or 0, hops=() if fabric else f.hops,
+            nic_port=f.src_port if f.src_port is not None else -1,
             tcp_dport=tcp_dport, tcp_sports=tcp_sports))
 
     out = []
@@ -261,7 +270,7 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     out.sort(key=lambda a: (a.state is not JobState.PROFILING, -a.level, a.rank, a.job_id))
     return PublishedPlan(generation, int(now * 1000), levels, tuple(out), causes,
                          topology=topo.name, result=result, reprobe=inputs.reprobe,
-                         fabric=topo)
+                         fabric=topo, path_selection=config.path_selection)
 
 
 def _ring_pairs(hosts: tuple[str, ...]) -> list[tuple[str, str]]:

@@ -8,10 +8,11 @@ per host, the generation at which its decisions last changed; what is not listed
 changed at the plan's `since`, the generation from which the record is complete.
 
 A host's decisions are what its agent acts on: per job with a process there, its state
-(profiling or not), level, DSCP and routes; the plan's levels; its reprobe list. A job's
-rank, k_j, I_j and note are the leader's to show (cruxctl status asks it), not the
-agent's to apply: an arrival shifts every rank below it, and marking hosts for that sent
-nearly every host its whole plan on each arrival (bench/control_plane.py: 11,478 of 12,000).
+(profiling or not), level, DSCP and routes; the plan's levels and path selection; its
+reprobe list. A job's rank, k_j, I_j and note are the leader's to show (cruxctl status asks
+it), not the agent's to apply: an arrival shifts every rank below it, and marking hosts for
+that sent nearly every host its whole plan on each arrival (bench/control_plane.py: 11,478
+of 12,000).
 A changed decision marks every host of the job, which is conservative: another host's
 routes may be the same.
 """
@@ -28,7 +29,8 @@ def carry_changes(old: PublishedPlan | None, new: PublishedPlan) -> PublishedPla
     """`new` with its record of changes continued from `old`, the plan published before it
     (None: no record to continue; every host counts as changed)."""
     gen = new.generation
-    if old is None or old.levels != new.levels or not old.since or old.generation >= gen:
+    if (old is None or old.levels != new.levels or old.path_selection != new.path_selection
+            or not old.since or old.generation >= gen):  # a new mode changes every host
         return replace(new, since=gen, changed_at={})
     changed = dict(old.changed_at)
     before = {a.job_id: a for a in old.jobs}

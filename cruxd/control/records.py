@@ -25,6 +25,12 @@ class JobState(IntEnum):
 
 # Measurement.source of figures a job declared at registration: nobody measured them
 DECLARED_SOURCE = "hints"
+# Who picks the fabric path of a job's traffic ([leader] path_selection): crux, by the source
+# ports its agents probed onto the path it chose; or the fabric (adaptive routing, packet
+# spraying), where a steered port buys nothing, so crux decides levels and DSCP only.
+PATHS_BY_CRUX = "crux"
+PATHS_BY_FABRIC = "fabric"
+PATH_SELECTIONS = (PATHS_BY_CRUX, PATHS_BY_FABRIC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,3 +180,4 @@ class HostPlan:
     # a watermark: decisions unchanged since base_generation (jobs, reprobe empty)
     unchanged: bool = False
     base_generation: int = 0
+    path_selection: str = PATHS_BY_CRUX  # PATHS_BY_FABRIC: no ports in routes, no sweeps

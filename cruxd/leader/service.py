@@ -178,7 +178,8 @@ class Leader(LeaderRpcs):
         """What planning runs with, from the current [leader] section."""
         lc = self.config.leader
         return LeaderPlanConfig(PlanConfig(levels=lc.levels, dscp=lc.dscp,
-                                           tie_tolerance=lc.tie_tolerance), lc.star_nic_gbps)
+                                           tie_tolerance=lc.tie_tolerance), lc.star_nic_gbps,
+                                lc.path_selection)
 
     # --- events --------------------------------------------------------------
     def _event(self, *causes: str) -> None:

@@ -21,7 +21,8 @@ def cluster_status(leader: LeaderRpcs, hostname: str) -> cpb.ClusterStatus:
                             levels=leader.config.leader.levels,
                             ha_role="" if leader.role == "single" else leader.role,
                             term=leader.term, active_leader=leader.active_leader,
-                            not_publishing=leader.not_publishing)
+                            not_publishing=leader.not_publishing,
+                            path_selection=leader.config.leader.path_selection)
     for host, rec in sorted(st.agents.items()):
         inv = rec.inventory
         out.agents.append(cpb.AgentStatus(

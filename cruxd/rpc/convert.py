@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import cast
 
 from cruxd.control.records import (
+    PATHS_BY_CRUX,
     AgentReport,
     HostInventory,
     HostPlan,
@@ -150,11 +151,12 @@ def host_plan_to_pb(hp: HostPlan) -> lpb.HostPlan:
                         planned_unix_ms=hp.planned_unix_ms, levels=hp.levels,
                         jobs=[assignment_to_pb(a) for a in hp.jobs], reprobe=hp.reprobe,
                         term=hp.term, unchanged=hp.unchanged,
-                        base_generation=hp.base_generation)
+                        base_generation=hp.base_generation, path_selection=hp.path_selection)
 
 
 def host_plan_from_pb(p: lpb.HostPlan) -> HostPlan:
     check_schema(p.schema)
     return HostPlan(p.generation, p.host_id, p.planned_unix_ms, p.levels,
                     tuple(assignment_from_pb(j) for j in p.jobs), tuple(p.reprobe),
-                    p.term, p.unchanged, p.base_generation)
+                    p.term, p.unchanged, p.base_generation,
+                    p.path_selection or PATHS_BY_CRUX)  # "": a leader from before the key
