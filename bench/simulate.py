@@ -14,10 +14,14 @@
         [--policies a,b] [--topologies clos,double-sided,lingjun] [--budget-s S]
         [--placement none,hived,muri,crux-hints,packed] [--procs N]
         [--bytes-scale X] [--compute-scale X] [--window-s S] [--window-periods N]
+        [--oversubscription R] [--levels K]
+        [--sweep --oversubscription R1,R2 --levels K1,K2 [--plot F.png] [--json PATH]]
 
 Fig. 23: the defaults (14 days, 5,000 jobs, every policy, none placement, Clos and
 double-sided). Fig. 25: --topologies clos --policies ecmp,crux-full
 --placement none,hived,muri,crux-hints.
+
+(d) With --sweep: GPU utilisation per (R, K) cell and policy, crux-full's gain (bench/_sweep.py).
 
 Policies not registered in `cruxd.sim.policies.POLICIES` are skipped with a note.
 """
@@ -29,21 +33,21 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
+from _sim_run import Run, run_one
+from _sweep import SWEEP_POLICIES, add_arguments, parse_grid, run_sweep
 from tables import preamble, table  # bench/ is on sys.path when run as a script
 
 from cruxd.model.topology import Topology
 from cruxd.sim.placement import PLACEMENTS
-from cruxd.sim.policies import POLICIES, make_policy
+from cruxd.sim.policies import POLICIES
 from cruxd.sim.rates import solver
-from cruxd.sim.run import SimConfig, SimJob, simulate
 from cruxd.sim.trace import COMPUTE_SCALE, DAY_S, trace_jobs, trace_stats
 from cruxd.topo.builders import double_sided, trace_clos
 from cruxd.topo.lingjun import lingjun
 
-TOPOLOGIES: dict[str, Callable[[], Topology]] = {
+TOPOLOGIES: dict[str, Callable[..., Topology]] = {
     "clos": trace_clos, "double-sided": double_sided, "lingjun": lingjun}
 BASELINES = ("sincronia", "taccl*", "cassini")
 CRUX = ("crux-pa", "crux-ps-pa", "crux-full")
@@ -63,24 +67,6 @@ FIG25: dict[str, tuple[float, float]] = {"none": (0.39, 0.62), "muri": (0.59, 0.
 # 3 s merged (trace_jobs' min_period_s); what each costs in accuracy is measured in
 # docs/evaluation.md, "Simulator speed"
 TRACE_WINDOW_S, TRACE_WINDOW_PERIODS, MIN_PERIOD_S = 5.0, 3.0, 3.0
-FAIR_REPLAN_S = 300.0  # crux-fair looks at every job at least this often (its guard_s)
-
-
-class _OverBudget(Exception):
-    pass
-
-
-@dataclass
-class Run:
-    policy: str
-    topo: str
-    wall_s: float
-    sim_s: float
-    epochs: int
-    summary: dict[str, object] | None  # None: stopped at the wall budget
-    placement: str = "none"
-
-
 def registered(name: str) -> str | None:
     """The registry's name for a policy ("taccl*" may be registered as "taccl")."""
     for cand in (name, name.rstrip("*")):
@@ -93,40 +79,6 @@ def fmt(x: object, spec: str = ".3f") -> str:
     if isinstance(x, (int, float)) and math.isfinite(float(x)):
         return format(float(x), spec)
     return "-"
-
-
-def run_one(jobs: list[SimJob], topo: Topology, name: str, tname: str, args: argparse.Namespace
-            ) -> Run:
-    config = SimConfig(horizon_s=args.days * DAY_S, seed=args.seed, window_s=args.window_s,
-                       window_periods=args.window_periods,
-                       replan_every_s=FAIR_REPLAN_S if name == "crux-fair" else None)
-    epochs = 0
-    reached = 0.0
-    start = shown = time.perf_counter()
-
-    def progress(now: float) -> None:
-        nonlocal epochs, reached, shown
-        epochs += 1
-        reached = now
-        wall = time.perf_counter()
-        if wall - shown > 60:  # a heartbeat for long runs
-            shown = wall
-            print(f"    ... {name}: {wall - start:.0f} s wall, simulated {now / 3600:.1f} h, "
-                  f"{epochs} epochs", flush=True)
-        if args.budget_s and wall - start > args.budget_s:
-            raise _OverBudget
-
-    try:
-        res = simulate(jobs, topo, make_policy(name), config, progress)
-        summary: dict[str, object] | None = res.summary()
-        sim_s = res.horizon_s
-    except _OverBudget:
-        summary, sim_s = None, reached
-    wall = time.perf_counter() - start
-    origin = min((s.arrival_s for s in jobs), default=0.0)
-    u = summary["gpu_utilization"] if summary else "stopped at budget"
-    print(f"    ... {name} ({tname}): {wall:.1f} s wall, {epochs} epochs, util {u}", flush=True)
-    return Run(name, tname, wall, max(0.0, sim_s - origin), epochs, summary)
 
 
 def gain_line(tname: str, runs: dict[str, Run]) -> str:
@@ -223,8 +175,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=5000)
     ap.add_argument("--quick", action="store_true",
                     help="6 hours, 90 jobs (the full trace's arrival rate)")
-    ap.add_argument("--policies", default=",".join(BASELINES + CRUX + EXTRA))
-    ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
+    ap.add_argument("--policies", help="default: every one; with --sweep "
+                                       f"{','.join(SWEEP_POLICIES)}")
+    ap.add_argument("--topologies", help="default: every one; with --sweep clos")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--placement", default="none",
                     help=f"comma list of trace placements ({', '.join(PLACEMENTS)}); one "
@@ -242,7 +195,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--window-periods", type=float, default=TRACE_WINDOW_PERIODS)
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="stop a run after this much wall time (0: never)")
+    add_arguments(ap)
     args = ap.parse_args(argv)
+    try:
+        ratios, levels = parse_grid(args)
+    except ValueError as exc:
+        ap.error(str(exc))
+    args.levels = levels[0]  # a run's; the sweep sets its own per cell
+    if args.policies is None:
+        args.policies = ",".join(SWEEP_POLICIES if args.sweep else BASELINES + CRUX + EXTRA)
+    if args.topologies is None:
+        args.topologies = "clos" if args.sweep else ",".join(TOPOLOGIES)
     if args.quick:
         args.days, args.jobs = 0.25, 90
     preamble(f"numpy {np.__version__}", f"rate solver {solver()}")
@@ -250,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error("--procs must be >= 1")
     print(f"# trace: {args.jobs} jobs over {args.days:g} days, seed {args.seed}, "
           f"bytes x{args.bytes_scale:g}, compute x{args.compute_scale:g}; "
-          f"SimConfig(levels=8, window_s={args.window_s:g}, "
+          f"oversubscription {','.join(f'{r:g}' for r in ratios)}; SimConfig(levels="
+          f"{','.join(map(str, levels))}, window_s={args.window_s:g}, "
           f"window_periods={args.window_periods:g}), min_period_s {args.min_period_s:g}")
     policies: list[str] = []
     for p in [x.strip() for x in args.policies.split(",") if x.strip()]:
@@ -267,11 +231,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     for t in tnames:
         if t not in TOPOLOGIES:
             ap.error(f"unknown topology {t!r} (known: {', '.join(TOPOLOGIES)})")
+    if args.sweep:
+        run_sweep(args, policies, tnames, TOPOLOGIES, ratios, levels)
+        return
     start = time.perf_counter()
     runs: list[Run] = []
     print()
     for tname in tnames:
-        topo = TOPOLOGIES[tname]()
+        topo = TOPOLOGIES[tname](oversubscription=ratios[0])
         for placement in placements:
             runs.extend(run_trace(topo, tname, placement, policies, args))
     fig25(runs)
