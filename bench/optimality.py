@@ -17,6 +17,16 @@ starting together; utilisation = busy GPU-seconds / allocated GPU-seconds.
   per configuration, so here the other two parts are Crux's own for every candidate.
 
     .venv/bin/python bench/optimality.py [--cases N] [--seed S] [--workers W]
+
+These scores are against cuts of Crux's own order and single-spine choices under Crux's
+own levels: they cannot see a loss from which jobs share a level on which links. The
+joint mode (`_joint_case`, `_joint_report`) can: every per-job spine choice x every
+assignment of the jobs to <= K levels, hosts shared between jobs, uplinks at R:1, with
+crux-full, TACCL* (levels squashed as the trace simulation squashes them) and crux-ps-pa
+as fractions of that optimum:
+
+    .venv/bin/python bench/optimality.py --joint [--levels K] [--oversubscription R]
+        [--cases N] [--workers W] [--json PATH] [--worst N] [--only SEED ...]
 """
 
 from __future__ import annotations
@@ -168,10 +178,29 @@ def run_case(seed: int) -> tuple[float, float, float]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--cases", type=int, default=300)
+    ap.add_argument("--cases", type=int, default=None,
+                    help="cases (default 300; with --joint 40)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--joint", action="store_true",
+                    help="against the joint optimum over paths x levels (see above)")
+    ap.add_argument("--levels", type=int, default=LEVELS, help="K, with --joint")
+    ap.add_argument("--oversubscription", type=float, default=1.0, help="R, with --joint")
+    ap.add_argument("--json", metavar="PATH", help="with --joint: every case and the summary")
+    ap.add_argument("--worst", type=int, default=0, metavar="N",
+                    help="with --joint: the N worst cases for crux-full in detail")
+    ap.add_argument("--only", type=int, nargs="+", metavar="SEED",
+                    help="with --joint: just these case seeds (from --worst)")
     args = ap.parse_args(argv)
+    if args.joint:
+        from _joint_report import main_joint  # bench/ is on sys.path when run as a script
+
+        if args.cases is None:
+            args.cases = 40
+        main_joint(args)
+        return
+    if args.cases is None:
+        args.cases = 300
     print("$ " + shlex.join(sys.orig_argv))
     start = time.perf_counter()
     seeds = [args.seed * 1_000_003 + i for i in range(args.cases)]
