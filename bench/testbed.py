@@ -41,6 +41,12 @@ so the plan is made as crux makes it and nothing in cruxd changes.
                  the kernel put the rings. The simulator replays the paths the kernel took
                  (counted per spine, as in ecmp mode) at the plan's levels, and predicts
                  crux's levels on its own ECMP hash (crux-pa's paths with compression).
+                 `[leader] path_selection = "fabric"` (for adaptive-routing fabrics) is
+                 the product's way to the same table entries (DSCP, no ports), but its
+                 leader plans on leader.topology or else a star of the hosts, where rings
+                 on distinct hosts never contend: the rig's leader has no topology file,
+                 so its levels would not be crux's. Probing elsewhere keeps the leader's
+                 plan, and with it the levels, exactly crux's.
 Jobs arriving mid-window in paths-only profile in the one class.
 """
 
