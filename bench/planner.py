@@ -25,7 +25,8 @@ from cruxd.model.jobs import Job, ring_allreduce
 from cruxd.model.plan import Plan
 from cruxd.model.topology import Topology
 from cruxd.model.view import ClusterView
-from cruxd.scheduler.compression import compress, compress_exact, cut_weight
+from cruxd.scheduler.compression import compress
+from cruxd.scheduler.compression_mip import compress_exact, cut_weight
 from cruxd.scheduler.dag import contention_edges
 from cruxd.scheduler.planner import PlanConfig, plan
 from cruxd.topo.builders import clos2, double_sided, trace_clos

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from cruxd.scenario import load_scenario
 from cruxd.scheduler import plan
-from cruxd.scheduler.compression import compress, compress_exact, cut_weight
+from cruxd.scheduler.compression import compress
+from cruxd.scheduler.compression_mip import compress_exact, cut_weight
 from tests.paths import EXAMPLES
 
 Edges = dict[tuple[str, str], float]

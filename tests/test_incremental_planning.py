@@ -77,12 +77,15 @@ def apply(event: tuple[Any, ...], jobs: list[Job], table: Table, serial: list[in
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(first=st.lists(jobs_st, max_size=6), events=events_st, levels=st.integers(1, 4),
-       tolerance=st.sampled_from([0.0, 0.0, 0.3]), samples=st.sampled_from([1, 3]))
+       tolerance=st.sampled_from([0.0, 0.0, 0.3]), samples=st.sampled_from([1, 3]),
+       ideal=st.booleans())
 def test_incremental_equals_from_scratch(first: list[tuple[Any, ...]],
                                          events: list[tuple[Any, ...]], levels: int,
-                                         tolerance: float, samples: int) -> None:
+                                         tolerance: float, samples: int, ideal: bool) -> None:
+    """Also across the level-aware rounds (levels > 1, or a level per job: `ideal`),
+    which read every job's level and must not leak into the next plan's selection."""
     config = PlanConfig(levels=levels, tie_tolerance=tolerance, samples=samples, seed=3,
-                        busiest_links=4)
+                        busiest_links=4, ideal_levels=ideal)
     jobs: list[Job] = []
     table: Table = {}
     serial = [0]

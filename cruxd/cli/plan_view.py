@@ -36,7 +36,14 @@ def topology_summary(topo: Topology) -> dict[str, Any]:
 def plan_json(sc: Scenario, plan: Plan, latency_s: float) -> dict[str, Any]:
     return {"version": 1, "scenario": sc.name, "source": sc.source,
             "topology": topology_summary(sc.view.topology),
-            "plan_latency_ms": round(latency_s * 1e3, 3), "plan": plan.to_dict()}
+            "plan_latency_ms": round(latency_s * 1e3, 3),
+            "mechanisms": "paths" if plan.levels == 1 else "paths+levels",
+            "plan": plan.to_dict()}
+
+
+# With one lossless class there is nothing to order: crux only chooses the paths.
+PATHS_ONLY = ("one level: crux chooses paths only; every job shares the one lossless class "
+              "fairly, and priorities (k_j, P_j) order nothing on the fabric")
 
 
 def print_plan(console: Console, sc: Scenario, plan: Plan, latency_s: float,
@@ -51,6 +58,8 @@ def print_plan(console: Console, sc: Scenario, plan: Plan, latency_s: float,
                   f"{plan.reference_job or '-'}; contention kept apart "
                   f"{_share(plan.cut_weight, plan.contention_weight)}; "
                   f"planned in {latency_s * 1e3:.1f} ms")
+    if plan.levels == 1:
+        console.print(PATHS_ONLY, style="yellow")
 
     jobs = Table(title="Jobs by priority", title_justify="left",
                  caption="I_j = W_j / t_j (FLOP per second on the wire); P_j = k_j I_j; "

@@ -36,7 +36,6 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
@@ -67,11 +66,14 @@ def compress(edges: Edges, levels: int, *, samples: int = 10, seed: int = 0) -> 
 
 def compress_indexed(n: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: int,
                      order: np.ndarray, *, samples: int = 10, seed: int = 0,
-                     memo: ComponentMemo | None = None) -> np.ndarray:
+                     memo: ComponentMemo | None = None,
+                     free: np.ndarray | None = None) -> np.ndarray:
     """The planner's entry point: nodes 0..n-1, edge arrays, one known topological order.
 
     Returns an int array of levels. Nodes without edges get the top level. `memo`:
     levels of components solved before, reused when a component's inputs are equal.
+    `free` (bool per edge): edges that weigh in the cut but do not order their ends, for
+    jobs whose priorities tie (their order is the ids', which must not forbid a cut).
     """
     if levels < 1:
         raise ValueError("levels must be >= 1")
@@ -93,7 +95,8 @@ def compress_indexed(n: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, leve
         sel = edges[edge_cut[c]:edge_cut[c + 1]]
         local[members] = np.arange(len(members))
         out[members] = component_levels(len(members), local[hi[sel]], local[lo[sel]], w[sel],
-                                        levels, samples=samples, seed=seed, memo=memo)
+                                        levels, samples=samples, seed=seed, memo=memo,
+                                        free=None if free is None else free[sel])
     return out
 
 
@@ -122,15 +125,17 @@ class ComponentMemo:
 
 
 def component_levels(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: int, *,
-                     samples: int = 10, seed: int = 0,
-                     memo: ComponentMemo | None = None) -> np.ndarray:
-    """Levels of one weakly connected component, nodes 0..m-1 in a topological order:
-    a function of these arguments only (see the module docstring)."""
-    # duplicate edges count once, at their largest weight
+                     samples: int = 10, seed: int = 0, memo: ComponentMemo | None = None,
+                     free: np.ndarray | None = None) -> np.ndarray:
+    """Levels of one weakly connected component, nodes 0..m-1 in a topological order of
+    its edges that are not `free`: a function of these arguments only (see the module
+    docstring)."""
+    free = np.zeros(len(hi), dtype=bool) if free is None else np.asarray(free, dtype=bool)
+    # duplicate edges count once, at their largest weight (ordering if any copy orders)
     key = hi * m + lo
-    srt = np.lexsort((-w, key))
+    srt = np.lexsort((free, -w, key))
     first = np.r_[True, key[srt][1:] != key[srt][:-1]]
-    hi, lo, w = hi[srt][first], lo[srt][first], w[srt][first]
+    hi, lo, w, free = hi[srt][first], lo[srt][first], w[srt][first], free[srt][first]
     top = float(w.max())
     if top > 0:  # a power of two: exact, so only the weights' ratios matter
         w = np.ldexp(w, -math.frexp(top)[1])
@@ -138,23 +143,24 @@ def component_levels(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, leve
     if memo is not None:
         tag = b"".join([np.array([m, levels, samples, seed], dtype=np.int64).tobytes(),
                         hi.astype(np.int64).tobytes(), lo.astype(np.int64).tobytes(),
-                        w.astype(np.float64).tobytes()])
+                        w.astype(np.float64).tobytes(), np.packbits(free).tobytes()])
         hit = memo.get(tag)
         if hit is not None:
             memo.hits += 1
             return hit
         memo.misses += 1
-    out = _component(m, hi, lo, w, levels, samples, np.random.default_rng(seed))
+    out = _component(m, hi, lo, w, free, levels, samples, np.random.default_rng(seed))
     out.setflags(write=False)
     if memo is not None and tag is not None:
         memo.put(tag, out)
     return out
 
 
-def _component(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: int,
-               samples: int, rng: np.random.Generator) -> np.ndarray:
+def _component(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, free: np.ndarray,
+               levels: int, samples: int, rng: np.random.Generator) -> np.ndarray:
     """Best K-cut over `samples` orders of one component whose identity order is valid
-    (edges deduplicated)."""
+    for its ordering edges (edges deduplicated). An order's blocks cut an edge whatever
+    its direction, so every edge's weight sits at (earlier end, later end)."""
     # Large components run the DP on a float32 prefix matrix (half the memory traffic
     # of the O(m^2) prefix sums that dominate); every order's cut is then scored
     # exactly in float64 from the edges, so rounding can only cost optimality, never
@@ -163,18 +169,19 @@ def _component(m: int, hi: np.ndarray, lo: np.ndarray, w: np.ndarray, levels: in
     big = m > _FLOAT32_ABOVE
     prefix = np.empty((m, m), dtype=np.float32 if big else np.float64)
     spare = np.empty_like(prefix) if big else None
-    layers = _layers(m, hi, lo) if samples > 1 else None
+    layers = _layers(m, hi[~free], lo[~free]) if samples > 1 else None
     best_val, best_levels = -np.inf, np.zeros(m, dtype=np.int64)
     for s in range(max(1, samples)):
         perm = np.arange(m) if s == 0 or layers is None else _random_order(m, layers, rng)
         pos = np.empty(m, dtype=np.int64)
         pos[perm] = np.arange(m)
+        a, b = np.minimum(pos[hi], pos[lo]), np.maximum(pos[hi], pos[lo])
         if spare is None:
             prefix.fill(0.0)
-            prefix[pos[hi], pos[lo]] = w
+            prefix[a, b] = w
             prefix_sums(prefix)
         else:
-            prefix_sums_transposed(spare, prefix, pos[hi], pos[lo], w)
+            prefix_sums_transposed(spare, prefix, a, b, w)
         blocks = cut_of_order(prefix, levels)[1]
         lv = np.empty(m, dtype=np.int64)
         lv[perm] = levels - 1 - blocks
@@ -219,46 +226,6 @@ def _random_order(m: int, layers: list[tuple[np.ndarray, np.ndarray, np.ndarray]
         key[nodes] = (np.maximum.reduceat(key[preds], starts) + inc[nodes] if d
                       else inc[nodes])
     return np.argsort(key, kind="stable")
-
-
-def compress_exact(edges: Edges, levels: int) -> dict[str, int]:
-    """The optimum by mixed-integer programming (HiGHS), for small DAGs.
-
-    Variables: integer level l_v in [0, K-1] and binary y_e per edge; l_hi >= l_lo,
-    y_e <= l_hi - l_lo (integral levels make a cut edge differ by >= 1);
-    maximise sum w_e y_e.
-    """
-    if levels < 1:
-        raise ValueError("levels must be >= 1")
-    names, hi, lo, w = _index(edges)
-    n, m = len(names), len(hi)
-    if m == 0:
-        return {str(x): levels - 1 for x in names}
-    rows = np.arange(m)
-    # l_hi - l_lo >= 0  and  l_hi - l_lo - y >= 0
-    a1 = np.zeros((m, n + m))
-    a1[rows, hi] += 1
-    a1[rows, lo] -= 1
-    a2 = a1.copy()
-    a2[rows, n + rows] = -1
-    res = milp(
-        c=np.concatenate([np.zeros(n), -w]),
-        integrality=np.ones(n + m),
-        bounds=Bounds(np.zeros(n + m), np.concatenate([np.full(n, levels - 1), np.ones(m)])),
-        constraints=[LinearConstraint(a1, 0, np.inf), LinearConstraint(a2, 0, np.inf)],
-    )
-    if res.x is None:  # pragma: no cover - the all-top assignment is always feasible
-        raise RuntimeError(f"HiGHS found no solution: {res.message}")
-    lv = np.rint(res.x[:n]).astype(int)
-    # shift so the highest used level is the top one, as compress() reports
-    lv += levels - 1 - lv.max()
-    return {str(names[i]): int(lv[i]) for i in range(n)}
-
-
-def cut_weight(edges: Edges, assignment: Mapping[str, int]) -> float:
-    """Total weight of edges whose ends sit on different levels."""
-    return float(sum(wt for (h, lo), wt in edges.items()
-                     if assignment[str(h)] != assignment[str(lo)]))
 
 
 def _index(edges: Edges) -> tuple[list[Hashable], np.ndarray, np.ndarray, np.ndarray]:

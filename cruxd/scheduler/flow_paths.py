@@ -66,12 +66,15 @@ def job_flows(view: ClusterView, finder: PathFinder, ji: int,
     return out
 
 
-def job_flow_decisions(link_dst: list[str], job_id: str, flows: list[FlowPaths]
-                       ) -> tuple[FlowDecision, ...]:
-    """One job's flows on their chosen paths, as the plan reports them (`link_dst`:
-    `link_destinations`); a path's hop names are worked out once per candidate set."""
+def job_flow_decisions(link_dst: list[str], job_id: str, flows: list[FlowPaths],
+                       choices: tuple[int, ...] | None = None) -> tuple[FlowDecision, ...]:
+    """One job's flows on their chosen paths (`choices`, else each flow's `choice`), as
+    the plan reports them (`link_dst`: `link_destinations`); a path's hop names are
+    worked out once per candidate set."""
     shapes: dict[tuple[int, int], tuple[tuple[int, ...], tuple[str, ...]]] = {}
-    return tuple(_decision(f, job_id, link_dst, shapes) for f in flows)
+    picks = choices if choices is not None else [f.choice for f in flows]
+    return tuple(_decision(f, c, job_id, link_dst, shapes)
+                 for f, c in zip(flows, picks, strict=True))
 
 
 def link_destinations(topo: Topology) -> list[str]:
@@ -83,16 +86,16 @@ def link_destinations(topo: Topology) -> list[str]:
     return hit
 
 
-def _decision(f: FlowPaths, job_id: str, link_dst: list[str],
+def _decision(f: FlowPaths, choice: int, job_id: str, link_dst: list[str],
               shapes: dict[tuple[int, int], tuple[tuple[int, ...], tuple[str, ...]]]
               ) -> FlowDecision:
-    key = (id(f.cands), f.choice)
+    key = (id(f.cands), choice)
     shape = shapes.get(key)
     if shape is None:
-        path = tuple(f.cands[f.choice].tolist())
+        path = tuple(f.cands[choice].tolist())
         shape = shapes[key] = (path, tuple(link_dst[i] for i in path[:-1]))
     return FlowDecision(job_id, f.spec.src, f.spec.dst, f.spec.bytes, f.spec.src_port,
-                        shape[0], shape[1], f.sports[f.choice], len(f.cands))
+                        shape[0], shape[1], f.sports[choice], len(f.cands))
 
 
 def _candidates(view: ClusterView, finder: PathFinder, spec: FlowSpec

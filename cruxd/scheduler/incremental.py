@@ -18,6 +18,10 @@ from the last call, and why reusing it is exact:
   of two, exactly, so the cluster-wide largest intensity does not enter either.
 * Per job: its FlowDecisions for the choices it made last time.
 
+Redone from scratch on every call, and so exact for the same reason: the level-aware
+rounds after compression (level_aware.py), which read every job's level. They leave
+the flows' `choice` (the first selection, which `reselect` carries) untouched.
+
 Recomputed in full on every call, because they couple all jobs and are cheap
 (vectorised): intensities (a declared job's is capped at the lowest measured one),
 priorities (k_j is relative to the reference job, ranks are global), link demand,
@@ -46,6 +50,7 @@ from cruxd.scheduler.flow_paths import (
     job_flows,
     link_destinations,
 )
+from cruxd.scheduler.level_aware import Choices
 from cruxd.scheduler.planner import PlanConfig, finish, intensities, plan, selection_order
 from cruxd.scheduler.reselect import JobInput, SelectionState, reselect
 from cruxd.scheduler.selection import standalone_comm_time
@@ -126,15 +131,18 @@ class IncrementalPlanner:
         self._selection = reselect(self._selection, inputs, len(topo.capacity))
         self.repicked = self._selection.repicked
         link_dst = link_destinations(topo)
-        decisions = []
-        for jid, e in zip(ids, per_job, strict=True):
-            choices = tuple(f.choice for f in e.flows)
-            if e.decided is None or e.decided[0] != choices:
-                e.decided = (choices, job_flow_decisions(link_dst, jid, e.flows))
-            decisions.append(e.decided[1])
-        out = finish(view, config, jobs, [self._selection.paths[i] for i in ids],
+
+        def decide(choices: Choices) -> list[tuple[FlowDecision, ...]]:
+            out = []
+            for jid, e, mine in zip(ids, per_job, choices, strict=True):
+                if e.decided is None or e.decided[0] != mine:
+                    e.decided = (mine, job_flow_decisions(link_dst, jid, e.flows, mine))
+                out.append(e.decided[1])
+            return out
+
+        out = finish(view, config, jobs, order, [e.flows for e in per_job],
                      [e.nbytes.tolist() for e in per_job], [e.hops.tolist() for e in per_job],
-                     decisions, self._memo)
+                     decide, self._memo)
         self._memo.roll()
         return out
 

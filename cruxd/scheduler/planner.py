@@ -18,6 +18,7 @@ so both build on the helpers below.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,7 @@ from cruxd.scheduler.flow_paths import (
     job_flow_decisions,
     link_destinations,
 )
+from cruxd.scheduler.level_aware import REFINE_ROUNDS, Choices, by_level, reselect_by_level
 from cruxd.scheduler.priority import Priorities, assign, tie_groups
 from cruxd.scheduler.selection import flow_loads, pick, standalone_comm_time
 
@@ -51,6 +53,9 @@ class PlanConfig:
     # relative difference of I_j or P_j below which jobs tie (ordered by id): a live
     # leader sets its measurement resolution here, so noise does not order equal jobs
     tie_tolerance: float = 0.0
+    # plan for a fabric with a level per job (the simulator's uncompressed ablations):
+    # paths are chosen knowing that every job before has strict priority
+    ideal_levels: bool = False
 
     def __post_init__(self) -> None:
         for name in ("levels", "samples", "max_paths", "busiest_links"):
@@ -78,29 +83,43 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
     jobs = intensities(view, traffic, alone, np.array([len(fl) > 0 for fl in by_job]))
     order = selection_order(ids, jobs, config.tie_tolerance)
     _select_paths(order, by_job, jobs, len(cap))
-    return finish(view, config, jobs, [_chosen(fl) for fl in by_job],
+    link_dst = link_destinations(view.topology)
+    return finish(view, config, jobs, order, by_job,
                   [[f.spec.bytes for f in fl] for fl in by_job],
                   [[f.cands.shape[1] for f in fl] for fl in by_job],
-                  [job_flow_decisions(link_destinations(view.topology), ids[ji], fl)
-                   for ji, fl in enumerate(by_job)])
+                  lambda choices: [job_flow_decisions(link_dst, ids[ji], fl, choices[ji])
+                                   for ji, fl in enumerate(by_job)])
 
 
-def finish(view: ClusterView, config: PlanConfig, jobs: Intensities,
-           chosen: list[np.ndarray], nbytes: list[list[float]], hops: list[list[int]],
-           decisions: list[tuple[FlowDecision, ...]], memo: ComponentMemo | None = None
-           ) -> Plan:
-    """Steps 4-5 and the plan, from the paths chosen per job: `chosen` the links of
-    each job's chosen paths in flow order, `nbytes`/`hops` per flow, `decisions` the
-    job's flows as the plan reports them."""
+def finish(view: ClusterView, config: PlanConfig, jobs: Intensities, order: list[int],
+           flows: list[list[FlowPaths]], nbytes: list[list[float]], hops: list[list[int]],
+           decide: Callable[[Choices], list[tuple[FlowDecision, ...]]],
+           memo: ComponentMemo | None = None) -> Plan:
+    """Steps 4-5 and the plan, from the first path selection (each flow's `choice`, made
+    in `order`): priorities, then compression and level-aware selection in turn
+    (level_aware.py), at most REFINE_ROUNDS times. `nbytes`/`hops` per flow; `decide`
+    gives the jobs' flows as the plan reports them for the final choices."""
     ids = [j.id for j in view.jobs]
+    n_links = len(view.topology.capacity)
     pr = assign(ids, jobs.intensity, jobs.compute, jobs.overlap, jobs.comm, jobs.traffic,
                 reference=config.reference_job, window_periods=config.pair_window_periods,
                 declared=jobs.declared, tie_tolerance=config.tie_tolerance)
-    usage = _link_usage(chosen, nbytes, hops, jobs.period, len(view.topology.capacity))
+    choices: Choices = [tuple(f.choice for f in fl) for fl in flows]
+    usage = _link_usage(_links(flows, choices), nbytes, hops, jobs.period, n_links)
     levels = _compress(usage, pr, jobs, config, memo)
+    if config.levels > 1 or config.ideal_levels:  # one level: the first selection is it
+        for _ in range(REFINE_ROUNDS):
+            level = None if config.ideal_levels else levels.level
+            again = reselect_by_level(by_level(order, pr.rank, level), flows, jobs.intensity,
+                                      jobs.period, jobs.comm, level, n_links)
+            if again == choices:
+                break
+            choices = again
+            usage = _link_usage(_links(flows, choices), nbytes, hops, jobs.period, n_links)
+            levels = _compress(usage, pr, jobs, config, memo)
     return Plan(
         jobs=_job_decisions(ids, jobs, pr, levels.level, config.dscp_values()),
-        flows=tuple(d for per_job in decisions for d in per_job),
+        flows=tuple(d for per_job in decide(choices) for d in per_job),
         links=_busiest(view, usage, config.busiest_links, ids),
         levels=config.levels,
         reference_job=ids[pr.reference] if pr.reference is not None else None,
@@ -109,9 +128,10 @@ def finish(view: ClusterView, config: PlanConfig, jobs: Intensities,
     )
 
 
-def _chosen(flows: list[FlowPaths]) -> np.ndarray:
-    return (np.concatenate([f.cands[f.choice] for f in flows]) if flows
-            else np.zeros(0, dtype=np.int64))
+def _links(flows: list[list[FlowPaths]], choices: Choices) -> list[np.ndarray]:
+    """Per job, the links of its chosen paths in flow order."""
+    return [np.concatenate([f.cands[c] for f, c in zip(fl, ch, strict=True)]) if fl
+            else np.zeros(0, dtype=np.int64) for fl, ch in zip(flows, choices, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -209,12 +229,20 @@ def _compress(usage: _LinkUsage, pr: Priorities, jobs: Intensities,
     hi, lo = contention_edges(usage.link_of, usage.job_of, pr.rank)
     weights = jobs.intensity[hi]
     order = np.argsort(pr.rank)
+    free = None if pr.tie is None else pr.tie[hi] == pr.tie[lo]
     level = compress_indexed(n, hi, lo, weights, config.levels, order,
-                             samples=config.samples, seed=config.seed, memo=memo)
+                             samples=config.samples, seed=config.seed, memo=memo, free=free)
     contending = np.zeros(n, dtype=bool)
     contending[hi] = contending[lo] = True
-    # jobs that contend with nobody may sit anywhere; keep them spread by rank
-    quantile = config.levels - 1 - (pr.rank * config.levels) // max(n, 1)
+    # jobs that contend with nobody may sit anywhere; keep the networked ones spread by
+    # rank among themselves, which is what level-aware selection then reads as who may
+    # take whose leftovers (jobs without fabric traffic sit on top, where they cost none)
+    networked = jobs.comm > 0
+    net_rank = np.cumsum(networked[order]) - 1
+    rank_among = np.empty(n, dtype=np.int64)
+    rank_among[order] = net_rank
+    quantile = config.levels - 1 - (rank_among * config.levels) // max(int(networked.sum()), 1)
+    quantile = np.where(networked, quantile, config.levels - 1)
     level = np.where(contending, level, quantile)
     cut = float(weights[level[hi] != level[lo]].sum())
     return _Levels(level, weights, cut)

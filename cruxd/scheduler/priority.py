@@ -35,6 +35,9 @@ class Priorities:
     priority: np.ndarray
     rank: np.ndarray  # rank[i] = 0 for the highest priority
     reference: int | None
+    # jobs with one tie number are ordered by id alone: their priorities tie (within the
+    # tolerance), so their order must not constrain compression (compression.py `free`)
+    tie: np.ndarray | None = None
 
 
 def tie_groups(values: np.ndarray, tolerance: float = 0.0) -> np.ndarray:
@@ -96,4 +99,6 @@ def assign(ids: Sequence[str], intensity: np.ndarray, compute_s: np.ndarray,
     order = sorted(range(n), key=keys.__getitem__)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
-    return Priorities(k=k, priority=prio, rank=rank, reference=ref)
+    tie = np.unique([key[:3] for key in keys], axis=0, return_inverse=True)[1] if n else rank
+    return Priorities(k=k, priority=prio, rank=rank, reference=ref,
+                      tie=np.asarray(tie, dtype=np.int64).reshape(n))

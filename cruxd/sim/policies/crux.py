@@ -53,7 +53,8 @@ class Crux:
         # the planner picks among the candidates the fabric hashes or sprays over
         p = self.planner.plan(ClusterView(ctx.topology, ctx.jobs),
                               PlanConfig(levels=levels, dscp=tuple(range(levels)),
-                                         seed=ctx.seed, max_paths=ctx.finder.max_paths))
+                                         seed=ctx.seed, max_paths=ctx.finder.max_paths,
+                                         ideal_levels=not self.compress))
         if self.compress:
             level = {d.job: d.level for d in p.jobs}
         else:
