@@ -188,7 +188,7 @@ def heat_map(path: Path, tnames: list[str], ratios: list[float], levels: list[in
             lim = max(float(np.nanmax(np.abs(g))) if np.isfinite(g).any() else 0.0, 0.01)
             im = ax.imshow(g * 100, cmap="RdYlGn", vmin=-lim * 100, vmax=lim * 100)
             for (i, j), x in np.ndenumerate(g):
-                ax.text(j, i, "-" if np.isnan(x) else f"{x:+.0%}", ha="center", va="center")
+                ax.text(j, i, "-" if np.isnan(x) else f"{x:+.1%}", ha="center", va="center")
             ax.set_xticks(range(len(levels)), [str(k) for k in levels])
             ax.set_yticks(range(len(ratios)), [f"{r:g}" for r in ratios])
             ax.set_xlabel("priority levels K")
