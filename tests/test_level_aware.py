@@ -127,3 +127,11 @@ def test_the_incremental_planner_keeps_the_first_selection_for_its_next_plan() -
     plans = [inc.plan(ClusterView(TOPO, v), config) for v in views]
     assert plans == [plan(ClusterView(TOPO, v), config) for v in views]
     assert max(_uplink_users(plans[0], "weak").values()) == 1  # the rounds did move it
+
+
+def test_above_the_job_cap_the_first_selection_stands() -> None:
+    view = ClusterView(TOPO, _jobs())
+    capped = plan(view, PlanConfig(levels=2, level_aware_max_jobs=1))
+    assert max(_uplink_users(capped, "weak").values()) == 2
+    with pytest.raises(ValueError, match="level_aware_max_jobs"):
+        PlanConfig(level_aware_max_jobs=-1)

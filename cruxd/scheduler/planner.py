@@ -56,10 +56,15 @@ class PlanConfig:
     # plan for a fabric with a level per job (the simulator's uncompressed ablations):
     # paths are chosen knowing that every job before has strict priority
     ideal_levels: bool = False
+    # level-aware rounds only up to this many jobs with fabric traffic: they re-run path
+    # selection over every job, which at the stress benchmark's 5,000 jobs multiplied
+    # an incremental re-plan's time by 4.7 (docs/scheduler.md#level-aware-planning)
+    level_aware_max_jobs: int = 1000
 
     def __post_init__(self) -> None:
-        for name in ("levels", "samples", "max_paths", "busiest_links"):
-            if getattr(self, name) < (0 if name == "busiest_links" else 1):
+        for name in ("levels", "samples", "max_paths", "busiest_links", "level_aware_max_jobs"):
+            if getattr(self, name) < (0 if name in ("busiest_links", "level_aware_max_jobs")
+                                      else 1):
                 raise ValueError(f"PlanConfig.{name} out of range: {getattr(self, name)}")
         if not self.pair_window_periods > 0:
             raise ValueError("PlanConfig.pair_window_periods must be > 0")
@@ -107,7 +112,9 @@ def finish(view: ClusterView, config: PlanConfig, jobs: Intensities, order: list
     choices: Choices = [tuple(f.choice for f in fl) for fl in flows]
     usage = _link_usage(_links(flows, choices), nbytes, hops, jobs.period, n_links)
     levels = _compress(usage, pr, jobs, config, memo)
-    if config.levels > 1 or config.ideal_levels:  # one level: the first selection is it
+    networked = int(np.count_nonzero(jobs.comm > 0))
+    if (config.levels > 1 or config.ideal_levels) and networked <= config.level_aware_max_jobs:
+        # (with one level, the first selection is the level-aware one)
         for _ in range(REFINE_ROUNDS):
             level = None if config.ideal_levels else levels.level
             again = reselect_by_level(by_level(order, pr.rank, level), flows, jobs.intensity,
