@@ -142,7 +142,7 @@ class IncrementalPlanner:
 
         out = finish(view, config, jobs, order, [e.flows for e in per_job],
                      [e.nbytes.tolist() for e in per_job], [e.hops.tolist() for e in per_job],
-                     decide, self._memo)
+                     decide, self._memo, [self._selection.paths[i] for i in ids])
         self._memo.roll()
         return out
 

@@ -99,18 +99,20 @@ def plan(view: ClusterView, config: PlanConfig | None = None) -> Plan:
 def finish(view: ClusterView, config: PlanConfig, jobs: Intensities, order: list[int],
            flows: list[list[FlowPaths]], nbytes: list[list[float]], hops: list[list[int]],
            decide: Callable[[Choices], list[tuple[FlowDecision, ...]]],
-           memo: ComponentMemo | None = None) -> Plan:
+           memo: ComponentMemo | None = None, chosen: list[np.ndarray] | None = None) -> Plan:
     """Steps 4-5 and the plan, from the first path selection (each flow's `choice`, made
     in `order`): priorities, then compression and level-aware selection in turn
     (level_aware.py), at most REFINE_ROUNDS times. `nbytes`/`hops` per flow; `decide`
-    gives the jobs' flows as the plan reports them for the final choices."""
+    gives the jobs' flows as the plan reports them for the final choices; `chosen`, if
+    known, the links of the first selection per job (what `_links` would give)."""
     ids = [j.id for j in view.jobs]
     n_links = len(view.topology.capacity)
     pr = assign(ids, jobs.intensity, jobs.compute, jobs.overlap, jobs.comm, jobs.traffic,
                 reference=config.reference_job, window_periods=config.pair_window_periods,
                 declared=jobs.declared, tie_tolerance=config.tie_tolerance)
     choices: Choices = [tuple(f.choice for f in fl) for fl in flows]
-    usage = _link_usage(_links(flows, choices), nbytes, hops, jobs.period, n_links)
+    usage = _link_usage(chosen if chosen is not None else _links(flows, choices), nbytes, hops,
+                        jobs.period, n_links)
     levels = _compress(usage, pr, jobs, config, memo)
     networked = int(np.count_nonzero(jobs.comm > 0))
     if (config.levels > 1 or config.ideal_levels) and networked <= config.level_aware_max_jobs:
