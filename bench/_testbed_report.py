@@ -35,7 +35,9 @@ def print_tables(result: dict[str, Any]) -> None:
         if "as_planned" in m["simulated"]:
             o = m["simulated"]["as_planned"]
             print(f"{mode}, simulated on {REPLAYED[mode]}: "
-                  f"{o['utilization']:.3f} (error {_pct(o['error'])})")
+                  f"{o['utilization']:.3f} (error {_pct(o['error'])})"
+                  + (f"; the same paths on one level: {one['utilization']:.3f}"
+                     if (one := m["simulated"].get("one_level")) else ""))
     for mode, m in result["modes"].items():
         if "link_down" in m:
             d = m["link_down"]

@@ -357,6 +357,9 @@ def main() -> int:
             if mode not in ("standalone", "ecmp") and m["paths"]:  # what ran, replayed
                 m["simulated"]["as_planned"] = simulated_on(
                     sc, horizon, m["paths"], churn, replayed_levels(mode, m["jobs"]))
+            if mode == "levels-only" and m["paths"]:  # each mode draws its own ECMP
+                # collisions: the levels' share on this run's draw is against these
+                m["simulated"]["one_level"] = simulated_on(sc, horizon, m["paths"], churn)
             m["paths"] = {j: {f"{a}->{b}": sp for (a, b), sp in v.items()}
                           for j, v in m["paths"].items()}
             result["modes"][mode] = m
