@@ -5,17 +5,18 @@ intensity, x = I * r (selection.py): right for jobs that end up on one level, wh
 they share a link fairly and a newcomer slows the intensive job down. But a fabric
 has few levels, and compression decides who shares one. Once it has:
 
-* a job j on a strictly lower level than an earlier job i only gets what i leaves
-  of the link, and does not slow i down: i's load counts at its rate, r_i (scaled by
-  I_j, to compare with j's own weighted loads);
-* a job on the same level, or above (a job that did not contend with j, which
-  compression placed freely), counts as before: I_i * r_i, so j keeps off the links
-  of intensive jobs it would share with.
+* jobs are placed again from the top level down (`by_level`), so a job is placed
+  around every job that will take its share of a link first;
+* a job i on a strictly higher level than j leaves j only what it does not use, and j
+  cannot slow it down: i counts at its rate r_i, plus r_i * t_i / period_j for the
+  bursts j must wait out (scaled by I_j, to compare with j's own weighted loads);
+* a job on the same level counts as before, I_i * r_i: they will share fairly, so j
+  keeps off the links of intensive jobs it would share with.
 
-With one level this is the first selection; with a level per job (the simulator's
-uncompressed ablations, `unique`) every earlier job is above, and the cost is the
-plain rate on the link. The planner alternates this selection and compression a
-bounded number of rounds (`REFINE_ROUNDS`), stopping once the paths repeat.
+With one level this is the first selection; with a level per job (`ideal_levels`, the
+simulator's uncompressed ablations) every earlier job is above. The planner alternates
+this selection and compression a bounded number of rounds (`REFINE_ROUNDS`), stopping
+once the paths repeat.
 
 Why it matters: with the intensity weighting alone, a weak job steered all its flows
 off the links an intensive job used, onto one uplink of its own, at half its rate,
