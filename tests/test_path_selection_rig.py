@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from cruxd.testing import BIN, Daemon, crux_run, cruxctl, running, status, wait_for
+from tests.rig.capture import Tcpdump
 from tests.rig.fabric import Fabric
 from tests.rig.tcp import can_steer_tcp, iperf3_servers, tcp_sweep_from
 from tests.test_probing_agents import agent_config
@@ -34,35 +35,21 @@ JOB = ("--gpus", "8", "--nnodes", "2", "--flops-per-iter", "1e12", "--compute-s"
 PROBE_TTL = 32  # probes arrive with the TTL left of a hop-limited one; the job's with ~60
 
 
-class Capture:
+class Capture(Tcpdump):
     """tcpdump at `host` of what `src` sends toward DPORT/tcp or the probes' UDP port."""
 
     def __init__(self, f: Fabric, host: str, src: str, path: Path) -> None:
-        self.path = path
-        links = json.loads(f.exec(host, "ip", "-j", "link", "show").stdout)
-        port = next(link["ifname"] for link in links if link["ifname"] != "lo")
-        self.proc = subprocess.Popen(  # one Ethernet port (scapy reads no "any" captures)
-            ["ip", "netns", "exec", f.ns(host), "tcpdump", "-i", port, "--immediate-mode",
-             "-U", "-n", "-w", str(path),
-             f"src host {src} and ((tcp dst port {DPORT} and tcp[tcpflags] & tcp-syn != 0) "
-             f"or udp dst port {ROCE_DPORT})"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stderr is not None
-        line = self.proc.stderr.readline()  # "listening on ..." once it captures
-        assert "listening" in line, line
+        super().__init__(f, host, path,
+                         f"src host {src} and ((tcp dst port {DPORT} and "
+                         f"tcp[tcpflags] & tcp-syn != 0) or udp dst port {ROCE_DPORT})")
 
     def packets(self) -> list[tuple[str, int, int, int]]:
         """(protocol, source port, TOS, TTL) of each packet, in order."""
-        time.sleep(0.5)  # the last packets into the file
-        self.proc.terminate()
-        self.proc.wait(10)
-        import scapy.layers.l2  # noqa: F401  (registers Ethernet for rdpcap)
         from scapy.layers.inet import IP, TCP, UDP
-        from scapy.utils import rdpcap
 
         return [("tcp" if TCP in p else "udp", int(p[TCP if TCP in p else UDP].sport),
                  int(p[IP].tos), int(p[IP].ttl))
-                for p in rdpcap(str(self.path)) if IP in p and (TCP in p or UDP in p)]
+                for p in self.stop() if IP in p and (TCP in p or UDP in p)]
 
 
 def job_decided(doc: dict[str, Any]) -> dict[str, Any] | None:

@@ -7,15 +7,14 @@ the decided class; and so does a program that connects the moment it is exec'd (
 
 from __future__ import annotations
 
-import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cruxd.testing import BIN, Daemon, crux_run, status, toml, wait_for
+from tests.rig.capture import Tcpdump
 from tests.rig.fabric import Fabric
 from tests.rig.system_host import NOBODY, RUN, SystemHost, can_run_as
 from tests.rig.tcp import can_steer_tcp, iperf3_servers
@@ -48,33 +47,18 @@ def decision(h: SystemHost, f: Fabric, job: str) -> Decision | None:
     return d if d is not None and d.tcp_sports else None
 
 
-class Capture:
+class Capture(Tcpdump):
     """tcpdump of the SYNs toward DPORT that reach `host` (the peer), read with scapy."""
 
     def __init__(self, f: Fabric, host: str, path: Path) -> None:
-        self.path = path
-        links = json.loads(f.exec(host, "ip", "-j", "link", "show").stdout)
-        port = next(link["ifname"] for link in links if link["ifname"] != "lo")
-        self.proc = subprocess.Popen(  # one Ethernet port (scapy reads no "any" captures)
-            ["ip", "netns", "exec", f.ns(host), "tcpdump", "-i", port, "--immediate-mode",
-             "-U", "-n", "-w", str(path),
-             f"tcp dst port {DPORT} and tcp[tcpflags] & tcp-syn != 0"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stderr is not None
-        line = self.proc.stderr.readline()  # "listening on ..." once it captures
-        assert "listening" in line, line
+        super().__init__(f, host, path, f"tcp dst port {DPORT} and tcp[tcpflags] & tcp-syn != 0")
 
     def syns(self, src: str) -> list[tuple[float, int, int]]:
         """(time, source port, TOS) of the jobs' SYNs from `src`, in order: the agents'
         TTL-limited probes arrive with a TTL of 1 or 2 and are left out."""
-        time.sleep(0.5)  # the last packets into the file
-        self.proc.terminate()
-        self.proc.wait(10)
-        import scapy.layers.l2  # noqa: F401  (registers Ethernet for rdpcap)
         from scapy.layers.inet import IP, TCP
-        from scapy.utils import rdpcap
 
-        return [(float(p.time), int(p[TCP].sport), int(p[IP].tos)) for p in rdpcap(str(self.path))
+        return [(float(p.time), int(p[TCP].sport), int(p[IP].tos)) for p in self.stop()
                 if IP in p and p[IP].src == src and p[IP].ttl > 32]
 
 
