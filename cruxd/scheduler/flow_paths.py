@@ -67,14 +67,13 @@ def job_flows(view: ClusterView, finder: PathFinder, ji: int,
 
 
 def job_flow_decisions(link_dst: list[str], job_id: str, flows: list[FlowPaths],
-                       choices: tuple[int, ...] | None = None) -> tuple[FlowDecision, ...]:
-    """One job's flows on their chosen paths (`choices`, else each flow's `choice`), as
-    the plan reports them (`link_dst`: `link_destinations`); a path's hop names are
-    worked out once per candidate set."""
+                       choices: tuple[int, ...]) -> tuple[FlowDecision, ...]:
+    """One job's flows on the candidates `choices` (one per flow), as the plan reports
+    them (`link_dst`: `link_destinations`); a path's hop names are worked out once per
+    candidate set."""
     shapes: dict[tuple[int, int], tuple[tuple[int, ...], tuple[str, ...]]] = {}
-    picks = choices if choices is not None else [f.choice for f in flows]
     return tuple(_decision(f, c, job_id, link_dst, shapes)
-                 for f, c in zip(flows, picks, strict=True))
+                 for f, c in zip(flows, choices, strict=True))
 
 
 def link_destinations(topo: Topology) -> list[str]:

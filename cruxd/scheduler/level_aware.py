@@ -50,11 +50,12 @@ def by_level(order: Sequence[int], rank: np.ndarray, level: np.ndarray | None) -
 
 
 def reselect_by_level(order: Sequence[int], flows: Sequence[list[FlowPaths]],
-                      intensity: np.ndarray, period: np.ndarray, comm: np.ndarray,
-                      level: np.ndarray | None, n_links: int) -> Choices:
+                      nbytes: Sequence[list[float]], intensity: np.ndarray,
+                      period: np.ndarray, comm: np.ndarray, level: np.ndarray | None,
+                      n_links: int) -> Choices:
     """Each flow's candidate, jobs in `order` (`by_level`), knowing the jobs' levels
-    (`level`; None: every job on a level of its own, in `order`): every job placed
-    before is on the same level or above. Flows' `choice` is left alone: the
+    (`level`; None: every job on a level of its own, in `order`; `nbytes` per flow):
+    every job placed before is on the same level or above. Flows' `choice` is left alone: the
     incremental planner keeps the first selection there."""
     out: Choices = [() for _ in flows]
     weighted: dict[int, np.ndarray] = {}  # per level: sum of I_i r_i placed so far
@@ -66,9 +67,9 @@ def reselect_by_level(order: Sequence[int], flows: Sequence[list[FlowPaths]],
         if not fl:
             continue
         lv = 0 if level is None else int(level[ji])
-        nbytes = np.array([f.spec.bytes for f in fl])
-        x = flow_loads(float(intensity[ji]), float(period[ji]), nbytes)
-        r = flow_loads(1.0, float(period[ji]), nbytes)
+        size = np.array(nbytes[ji])
+        x = flow_loads(float(intensity[ji]), float(period[ji]), size)
+        r = flow_loads(1.0, float(period[ji]), size)
         links = np.unique(np.concatenate([f.cands.ravel() for f in fl]))
         seen[links] = 0.0
         for other in weighted:

@@ -119,8 +119,8 @@ def finish(view: ClusterView, config: PlanConfig, jobs: Intensities, order: list
         # (with one level, the first selection is the level-aware one)
         for _ in range(REFINE_ROUNDS):
             level = None if config.ideal_levels else levels.level
-            again = reselect_by_level(by_level(order, pr.rank, level), flows, jobs.intensity,
-                                      jobs.period, jobs.comm, level, n_links)
+            again = reselect_by_level(by_level(order, pr.rank, level), flows, nbytes,
+                                      jobs.intensity, jobs.period, jobs.comm, level, n_links)
             if again == choices:
                 break
             choices = again
