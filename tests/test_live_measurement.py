@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cruxd.agent.measuring import LiveMeasurement, belongs
+from cruxd.agent.measuring import LiveMeasurement
+from cruxd.agent.proc_tree import belongs
 from cruxd.config.model import MeasureConfig
 from cruxd.control.records import HostPlan, JobAssignment, JobState, LocalJob, Measurement
-from cruxd.measure.estimate import estimate_job
+from cruxd.measure.estimate import JobEstimate, drifted, estimate_job
 from cruxd.measure.gpu_work import GpuInfo, GpuSample
 from cruxd.measure.sampling.csampler import SamplerUnavailable, load_library
 from cruxd.measure.window import CounterWindow
@@ -187,15 +188,40 @@ def test_profiled_figures_are_kept_and_drift_asks_again(tmp_path: Path) -> None:
     assert got.period_s == pytest.approx(0.5, rel=0.02)
     assert got.comm_s == pytest.approx(0.15, rel=0.1)
     m.plan_changed(plan("a", JobState.SCHEDULED))  # window over: figures kept
-    # contention afterwards stretches the bursts: t_j stays the profiled one
-    for _ in range(3):
-        feed(m, {"rdma:mlx5_0/1": bursts(900, 100.0, 1.0, 0.6, 1e9)})
-        m.tracks["a"].at = m.tracks["a"].drift_at = -math.inf
-        got = m.measure(job, Measurement())
-        assert got.comm_s == pytest.approx(0.15, rel=0.1)
-    assert m.wants_profile("a")  # the period moved 0.5 -> 1.0 three windows running
+    profiled = got
+
+    def windows(period_s: float, on_s: float, level: float) -> Measurement:
+        for _ in range(3):
+            feed(m, {"rdma:mlx5_0/1": bursts(900, 100.0, period_s, on_s, level)})
+            m.tracks["a"].at = m.tracks["a"].drift_at = -math.inf
+            got = m.measure(job, Measurement())
+            assert got == profiled  # every figure stays the profiled one
+        return got
+
+    # contention stretches the period and the bursts (the same bytes, at a quarter of the
+    # rate): nothing the job does itself changed, so it is not profiled again
+    windows(1.0, 0.6, 0.25e9)
+    assert not m.wants_profile("a")
+    # twice the bytes per iteration: the job itself changed (a new batch size, say)
+    windows(0.5, 0.3, 1e9)
+    assert m.wants_profile("a")
     m.plan_changed(plan("a", JobState.PROFILING))
     assert not m.wants_profile("a")
+
+
+@pytest.mark.parametrize(("period", "nbytes", "flops", "changed"), [
+    (0.5, 1e8, 1e12, False),   # the profile itself
+    (0.9, 1e8, 1.8e12, False),  # contention: longer, and the GPU looks busier
+    (0.35, 1e8, 1e12, True),   # faster than alone: not contention
+    (0.5, 1.3e8, 1e12, True),  # more bytes per iteration
+    (0.5, 0.7e8, 1e12, True),  # fewer
+    (0.5, 1e8, 0.7e12, True),  # less work per iteration
+])
+def test_drift_is_what_contention_cannot_explain(period: float, nbytes: float, flops: float,
+                                                 changed: bool) -> None:
+    ref = JobEstimate(10.0, 20.0, 0.5, 0.15, 1e8, 0.9, 1e12, 0.3)
+    est = JobEstimate(10.0, 10.0 / period, period, 0.2, nbytes, 0.9, flops, 0.3)
+    assert drifted(ref, est, 0.25) is changed
 
 
 @pytest.mark.parametrize("sampler", ["auto", "python"])

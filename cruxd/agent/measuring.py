@@ -14,10 +14,16 @@ reports; it takes the job's share of both over the last window:
   job gets all of them.
 
 While the leader profiles a job (JobState.PROFILING in the plan) only samples from inside
-the window count, after `settle_s`; the result is kept as the job's profiled figures and
-reported until the next profiling window, so contention later on cannot distort t_j. W_j
-and the period keep being measured: when either drifts by more than `drift` from the
-profiled figures for `drift_windows` estimates in a row, the job asks to be profiled again.
+the window count, after `settle_s`; the result is kept as the job's profiled figures (W_j,
+t_j, period, compute, bytes) and reported until the next profiling window, so contention
+later on cannot move them: under contention the period and t_j stretch, and so does the GPU
+time per iteration wherever waiting looks busy (NCCL's kernels spin on the GPU while the
+network is slow; a replayed GPU is busy at a fixed share). The job keeps being measured,
+and it asks to be profiled again only when its own standalone behaviour changed, judged on
+what contention cannot cause: bytes per iteration moving by more than `drift` either way,
+or the period or W_j falling by more than `drift` (contention only raises them), for
+`drift_windows` estimates in a row. A job whose compute per iteration grows while its
+traffic stays the same is therefore not re-profiled: that looks exactly like contention.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cruxd.agent.inventory import netdevs_for
+from cruxd.agent.proc_tree import belongs
 from cruxd.agent.sources import MeasurementDefaults
 from cruxd.config.model import MeasureConfig
 from cruxd.control.records import (
@@ -42,7 +49,7 @@ from cruxd.control.records import (
     Measurement,
     Nic,
 )
-from cruxd.measure.estimate import SHORT_BURSTS, JobEstimate, estimate_job
+from cruxd.measure.estimate import SHORT_BURSTS, JobEstimate, drifted, estimate_job
 from cruxd.measure.gpu_work import GpuInfo, GpuSample
 from cruxd.measure.sampling.csampler import BatchSampler, SamplerUnavailable
 from cruxd.measure.sampling.gpu import GpuBackend, NvmlUnavailable, open_backend
@@ -66,26 +73,6 @@ class _JobTrack:
     wants_profile: bool = False
     counters: tuple[str, ...] = field(default_factory=tuple)
     warned: bool = False  # about bursts too short for the sampling rate
-
-
-def parent_pid(pid: int, proc: str = "/proc") -> int | None:
-    try:
-        with open(f"{proc}/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def belongs(pid: int, owners: set[int], proc: str = "/proc", depth: int = 32) -> bool:
-    """Whether `pid` is one of `owners` or descends from one (torchrun's workers do)."""
-    for _ in range(depth):
-        if pid in owners:
-            return True
-        parent = parent_pid(pid, proc)
-        if parent is None or parent <= 1:
-            return False
-        pid = parent
-    return False
 
 
 class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
@@ -273,12 +260,11 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
         if ref is None or now - track.drift_at < self.cfg.window_s / 2:
             return  # judge drift on windows that mostly do not overlap
         track.drift_at = now
-        off = any(a > 0 and abs(b - a) > self.drift * a for a, b in (
-            (ref.period_s, est.period_s), (ref.flops_per_iter, est.flops_per_iter)))
-        track.drifted = track.drifted + 1 if off else 0
+        track.drifted = track.drifted + 1 if drifted(ref, est, self.drift) else 0
         if track.drifted >= self.drift_windows and not track.wants_profile:
-            LOG.info("job behaviour changed (period %.3g -> %.3g s, W_j %.3g -> %.3g); "
-                     "asking to profile it again", ref.period_s, est.period_s,
+            LOG.info("job behaviour changed (bytes/iteration %.3g -> %.3g, period %.3g -> "
+                     "%.3g s, W_j %.3g -> %.3g); asking to profile it again",
+                     ref.bytes_per_iter, est.bytes_per_iter, ref.period_s, est.period_s,
                      ref.flops_per_iter, est.flops_per_iter)
             track.wants_profile = True
 
@@ -288,8 +274,9 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
         best = track.profiled or track.last
         if best is None:
             return Measurement(source=SOURCE)
-        # W_j is the same per iteration under contention: the latest is the better figure
-        w = (track.last or best).flops_per_iter or best.flops_per_iter
+        # all of it from the profile: W_j read under contention is inflated wherever the
+        # GPU looks busy while it waits (see the module docstring)
+        w = best.flops_per_iter or (track.last.flops_per_iter if track.last else 0.0)
         return Measurement(flops_per_iter=w, comm_s=best.comm_s, period_s=best.period_s,
                            compute_s=best.compute_s, allreduce_bytes=best.bytes_per_iter,
                            source=SOURCE if track.profiled else SOURCE + " (unprofiled)")

@@ -59,3 +59,16 @@ def estimate_job(rates: npt.ArrayLike, rate_hz: float, gpu_samples: list[GpuSamp
     return JobEstimate(comm.window_s, comm.iterations, comm.period_s, comm.comm_s,
                        comm.bytes_per_iter, comm.confidence, flops or 0.0,
                        sum(busy) / len(busy) * comm.period_s if busy else 0.0, note)
+
+
+def drifted(ref: JobEstimate, est: JobEstimate, drift: float) -> bool:
+    """Whether `est` shows the job behaving otherwise than its profile `ref` in a way
+    contention cannot explain. Contention stretches the period and t_j, and wherever the
+    GPU looks busy while it waits (NCCL's spinning kernels, a replayed GPU) it inflates
+    W_j too; it cannot change the bytes per iteration, nor make the period or W_j fall."""
+    def falls(a: float, b: float) -> bool:
+        return a > 0 and b < a * (1 - drift)
+    moved = ref.bytes_per_iter > 0 and abs(est.bytes_per_iter - ref.bytes_per_iter) > (
+        drift * ref.bytes_per_iter)
+    return (moved or falls(ref.period_s, est.period_s)
+            or falls(ref.flops_per_iter, est.flops_per_iter))
