@@ -348,6 +348,28 @@ def test_slow_drift_adds_up_to_a_replan() -> None:
     assert s.ingest(report("h0", job(m=Measurement(comm_s=1.15))), 3) == []
 
 
+def test_a_change_must_hold_before_it_replans() -> None:
+    """With change_hold_s, a change re-plans only once later reports still show it; a
+    one-report blip re-plans nothing and leaves the baseline where it was."""
+    s = cluster()
+    s.change_hold_s = 10.0
+    s.ingest(report("h0", job(m=Measurement(comm_s=1.0))), 0)
+    assert s.ingest(report("h0", job(m=Measurement(comm_s=1.5))), 1) == []  # a blip
+    assert s.ingest(report("h0", job(m=Measurement(comm_s=1.0))), 2) == []  # gone again
+    assert s.agents["h0"].pending == {}
+    assert s.ingest(report("h0", job(m=Measurement(comm_s=1.5))), 3) == []
+    assert s.ingest(report("h0", job(m=Measurement(comm_s=1.4))), 8) == []
+    assert s.agents["h0"].pending == {"a": 3}
+    assert s.ingest(report("h0", job(m=Measurement(comm_s=1.45))), 13) == [
+        "measurement changed: a on h0"]  # off since 3: held 10 s
+    assert s.agents["h0"].pending == {}
+    assert s.agents["h0"].baseline["a"].comm_s == 1.45
+    assert s.ingest(report("h0", job(m=Measurement(comm_s=1.5))), 14) == []
+    # a new shape does not wait
+    assert s.ingest(report("h0", job(gpus=4, m=Measurement(comm_s=1.5))), 15) == [
+        "measurement changed: a on h0"]
+
+
 def test_shape_change_is_material() -> None:
     """A job's GPU count or ring position changing is a material change."""
     s = cluster()

@@ -36,6 +36,9 @@ class AgentRecord:
     # measurements as of the last material change: drift is judged against these,
     # so many small steps still add up to a re-plan
     baseline: dict[str, Measurement] = field(default_factory=dict)
+    # jobs whose measurement has been materially off their baseline since when (Unix s):
+    # it re-plans once it has held for change_hold_s
+    pending: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,6 +65,9 @@ class ClusterState:
     agent_timeout_s: float
     change_threshold: float
     profiling_s: float
+    # a measurement change re-plans only once it has held this long (reports in between
+    # that still show it): a one-window blip re-plans nothing
+    change_hold_s: float = 0.0
     agents: dict[str, AgentRecord] = field(default_factory=dict)
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     # hops that vanished from an agent's paths, and when: other agents whose paths
@@ -112,23 +118,31 @@ class ClusterState:
                 rec.profile = "queued"
                 self.profiling_under_way = True
                 causes.append(f"profiling requested: {jid} by {host}")
-        base = old.baseline if old is not None and not old.expired else {}
-        baseline = {}
+        live_before = old is not None and not old.expired
+        base = old.baseline if live_before else {}
+        was_pending = old.pending if live_before else {}
+        baseline, pending = {}, {}
         for jid, job in new_jobs.items():
             ref = base.get(jid)
             if jid in before and ref is not None:
-                if self._material(before[jid], ref, job):
-                    # while a job profiles alone at the top, the others' figures are not
-                    # those of the plan to come; its "profiling done" re-plans with the
-                    # newest figures anyway. A job's new shape still re-plans at once.
-                    if not (self.profiling_under_way and _same_shape(before[jid], job)):
-                        causes.append(f"measurement changed: {jid} on {host}")
-                else:
+                if not self._material(before[jid], ref, job):
                     baseline[jid] = ref
                     continue
+                # A job's new shape re-plans at once. While a job profiles alone at the
+                # top, the others' figures are not those of the plan to come, and its
+                # "profiling done" re-plans with the newest figures anyway.
+                if _same_shape(before[jid], job) and not self.profiling_under_way:
+                    since = was_pending.get(jid, now)
+                    if now - since < self.change_hold_s:
+                        pending[jid], baseline[jid] = since, ref  # not yet: must hold
+                        continue
+                    causes.append(f"measurement changed: {jid} on {host}")
+                elif not _same_shape(before[jid], job):
+                    causes.append(f"measurement changed: {jid} on {host}")
             baseline[jid] = job.measurement
         self.agents[host] = AgentRecord(report.host, new_jobs, paths, report.links, now,
-                                        report.applied_generation, baseline=baseline)
+                                        report.applied_generation, baseline=baseline,
+                                        pending=pending)
         # only jobs that left this host can have ended: no scan of every job per report
         for jid in sorted(before.keys() - new_jobs.keys()):
             record = self.jobs.get(jid)

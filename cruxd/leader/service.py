@@ -149,7 +149,8 @@ class Leader(LeaderRpcs):
 
     def _fresh_state(self) -> ClusterState:
         lc = self.config.leader
-        return ClusterState(lc.agent_timeout_s, lc.change_threshold, lc.profiling_s)
+        return ClusterState(lc.agent_timeout_s, lc.change_threshold, lc.profiling_s,
+                            lc.change_hold_s)
 
     def start(self) -> None:
         self._wake, self._published, self._unsaved = (asyncio.Event(), asyncio.Event(),
@@ -171,6 +172,7 @@ class Leader(LeaderRpcs):
         self.config = config
         self.state.agent_timeout_s = lc.agent_timeout_s
         self.state.change_threshold = lc.change_threshold
+        self.state.change_hold_s = lc.change_hold_s
         self.state.profiling_s = lc.profiling_s
         self._event("configuration reloaded")
 
