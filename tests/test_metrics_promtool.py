@@ -12,12 +12,14 @@ import re
 import shutil
 import subprocess
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
 
+from cruxd.control.replan_stats import ReplanStats
 from cruxd.daemon.exporter import Metrics
 from cruxd.testing import Daemon, crux_run, wait_for
 
@@ -47,7 +49,9 @@ def _stand_ins(metrics: Metrics) -> None:
                                  state=SimpleNamespace(label="unmeasured"))
     metrics.leader = SimpleNamespace(  # type: ignore[assignment]
         plan=SimpleNamespace(jobs=[job, unmeasured], generation=7), clock=lambda: 100.0,
-        state=SimpleNamespace(agents={"h0": SimpleNamespace(last_report=98.5)}), watchers=2)
+        state=SimpleNamespace(agents={"h0": SimpleNamespace(last_report=98.5)}), watchers=2,
+        replans=ReplanStats(Counter({"job arrived": 2, "measurement changed": 1}), 3,
+                            {"GPU_Job-1": 1}))
     metrics.agent = SimpleNamespace(  # type: ignore[assignment]
         registry=SimpleNamespace(jobs=lambda: [job]),
         link=SimpleNamespace(reachable=True, rpc_errors=4),
@@ -79,6 +83,10 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
     assert 'crux_job_intensity_flops_per_second{crux_job="GPU_Job-1"} 2.5e+14' in text
     assert 'crux_job_level{crux_job="j2",state="unmeasured"} 0.0' in text
     assert "crux_job_intensity{" not in text, "the intensity carries its unit"
+    assert types["crux_replans_total"] == "counter"
+    assert 'crux_replans_total{cause="job arrived"} 2.0' in text
+    assert "crux_plans_unchanged_total 3.0" in text
+    assert 'crux_job_decision_changes_total{crux_job="GPU_Job-1"} 1.0' in text
     # `job` and `instance` are the target labels Prometheus adds to every series
     labels = {name for line in text.splitlines() if not line.startswith("#")
               for name in re.findall(r'[{,](\w+)="', line)}

@@ -95,6 +95,10 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
         causes = list(cluster.plan_causes)
         more = f" (+{len(causes) - 4} more)" if len(causes) > 4 else ""
         console.print(f"  because: {'; '.join(causes[:4])}{more}")
+    if cluster.replans or cluster.plans_unchanged:
+        kinds = sorted(cluster.replans.items(), key=lambda kv: (-kv[1], kv[0]))
+        console.print(f"  re-plans: {', '.join(f'{k} {n}' for k, n in kinds) or 'none'}; "
+                      f"{cluster.plans_unchanged} plan(s) changed no decision")
     agents = Table(title="agents", title_justify="left")
     for col in ("host", "version", "report age", "GPUs", "addresses", "measurement",
                 "probing", "applied plan"):
@@ -111,7 +115,7 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
         console.print(_links(cluster.agents))
     jobs = Table(title="jobs", title_justify="left")
     for col in ("job", "state", "hosts", "GPUs", "W_j FLOP", "t_j s", "period s", "I_j",
-                "k_j", "rank", "level", "DSCP", "paths", "QPs applied"):
+                "k_j", "rank", "level", "DSCP", "paths", "QPs applied", "changes"):
         jobs.add_column(col)
     for j in cluster.jobs:
         state = STATES.get(j.state, str(j.state)) + (f"\n({j.note})" if j.note else "")
@@ -119,7 +123,8 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
         m = j.measurement
         jobs.add_row(j.job_id, state, ",".join(j.hosts), str(j.gpus), _num(m.flops_per_iter),
                      _num(m.comm_s), _num(m.period_s), _num(j.intensity), _num(j.k),
-                     str(j.rank), str(j.level), str(j.dscp), _routes(j, mode == "fabric"), qps)
+                     str(j.rank), str(j.level), str(j.dscp), _routes(j, mode == "fabric"), qps,
+                     str(j.decision_changes))
     console.print(jobs)
 
 

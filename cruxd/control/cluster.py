@@ -118,9 +118,9 @@ class ClusterState:
                 rec.profile = "queued"
                 self.profiling_under_way = True
                 causes.append(f"profiling requested: {jid} by {host}")
-        live_before = old is not None and not old.expired
-        base = old.baseline if live_before else {}
-        was_pending = old.pending if live_before else {}
+        live_before = old if old is not None and not old.expired else None
+        base = live_before.baseline if live_before else {}
+        was_pending = live_before.pending if live_before else {}
         baseline, pending = {}, {}
         for jid, job in new_jobs.items():
             ref = base.get(jid)

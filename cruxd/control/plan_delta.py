@@ -37,7 +37,7 @@ def carry_changes(old: PublishedPlan | None, new: PublishedPlan) -> PublishedPla
     after = {a.job_id: a for a in new.jobs}
     for job_id in before.keys() | after.keys():
         a, b = before.get(job_id), after.get(job_id)
-        if _decides(a) != _decides(b):
+        if decides(a) != decides(b):
             for host in _hosts(a) | _hosts(b):
                 changed[host] = gen
     for host in old.reprobe.keys() | new.reprobe.keys():
@@ -53,7 +53,7 @@ def changed_hosts(old: PublishedPlan, new: PublishedPlan) -> set[str]:
     return {h for h, g in new.changed_at.items() if g == new.generation}
 
 
-def _decides(a: JobAssignment | None) -> tuple[object, ...] | None:
+def decides(a: JobAssignment | None) -> tuple[object, ...] | None:
     return None if a is None else (a.state, a.level, a.dscp, a.hosts, a.routes)
 
 

@@ -71,6 +71,19 @@ def _leader_metrics(leader: Leader) -> Iterator[Metric]:
         ages.add_metric([host], now - rec.last_report)
     yield ages
     yield GaugeMetricFamily("crux_plan_watchers", "Open plan streams", value=leader.watchers)
+    replans = CounterMetricFamily("crux_replans", "Plans that changed some job's decision, "
+                                  "by kind of cause", labels=["cause"])
+    for cause, n in sorted(leader.replans.replans.items()):
+        replans.add_metric([cause], n)
+    yield replans
+    yield CounterMetricFamily("crux_plans_unchanged", "Plans published that changed no "
+                              "job's decision", value=leader.replans.unchanged)
+    changes = CounterMetricFamily("crux_job_decision_changes", "Plans that changed the "
+                                  "job's decision (not counting its first)",
+                                  labels=["crux_job"])
+    for job, n in sorted(leader.replans.decision_changes.items()):
+        changes.add_metric([job], n)
+    yield changes
 
 
 def _agent_metrics(agent: Agent) -> Iterator[Metric]:

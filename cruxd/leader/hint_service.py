@@ -18,13 +18,13 @@ from cruxd.hints.fabric_view import FabricView
 from cruxd.hints.formats import FILE_NAMES, FORMATS, Rendered, render
 
 if TYPE_CHECKING:
-    from cruxd.leader.service import Leader
+    from cruxd.leader.view import LeaderView
 
 LOG = logging.getLogger(__name__)
 
 
 class LeaderHints:
-    def __init__(self, leader: Leader) -> None:
+    def __init__(self, leader: LeaderView) -> None:
         self.leader = leader
         self.bandwidth = BandwidthLog()
         self._task: asyncio.Task[None] | None = None

@@ -16,6 +16,7 @@ import grpc
 
 from cruxd.config.model import Config
 from cruxd.control.cluster import ClusterState
+from cruxd.control.replan_stats import ReplanStats
 from cruxd.control.validate import InvalidMessage, check_host_id, check_report
 from cruxd.hints.formats import FORMATS
 from cruxd.leader.auth import LEADER_TRAILER, Gate
@@ -26,9 +27,10 @@ from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
 
 if TYPE_CHECKING:
-    from cruxd.control.host_plans import PublishedPlan
+    from cruxd.control.host_plans import LeaderPlanConfig, PublishedPlan
     from cruxd.leader.fanout import FanOut
     from cruxd.leader.hint_service import LeaderHints
+    from cruxd.model.topology import Topology
 
 LOG = logging.getLogger("cruxd.leader.service")  # the service's log, as before the split
 
@@ -39,6 +41,8 @@ class LeaderRpcs(lgrpc.LeaderServicer):
     config: Config
     state: ClusterState
     plan: PublishedPlan | None
+    replans: ReplanStats
+    topology: Topology | None
     gate: Gate
     hints: LeaderHints
     role: str
@@ -59,6 +63,9 @@ class LeaderRpcs(lgrpc.LeaderServicer):
         raise NotImplementedError
 
     def fanout(self) -> FanOut | None:
+        raise NotImplementedError
+
+    def plan_config(self) -> LeaderPlanConfig:
         raise NotImplementedError
 
     async def _reject(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str,

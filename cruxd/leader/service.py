@@ -28,6 +28,7 @@ from cruxd.control.host_plans import (
     plan_inputs,
 )
 from cruxd.control.plan_delta import carry_changes, changed_hosts
+from cruxd.control.replan_stats import ReplanStats
 from cruxd.leader import store
 from cruxd.leader.auth import Gate
 from cruxd.leader.fanout import FanOut
@@ -55,6 +56,7 @@ class Leader(LeaderRpcs):
         self.clock = clock
         self.state = self._fresh_state()
         self.plan: PublishedPlan | None = None
+        self.replans = ReplanStats()
         self.max_jobs = lc.max_jobs  # a restart-only key: a reload does not change it
         self.max_jobs_per_host = lc.max_jobs_per_host
         self.address = ""
@@ -256,13 +258,15 @@ class Leader(LeaderRpcs):
             self.not_publishing, self._retrying = "", False
         else:
             await asyncio.to_thread(self._mark_published, gen)
+        moved = self.replans.record(self.plan, plan)
         self.plan = plan
         old, self._published = self._published, asyncio.Event()
         old.set()
         self._unsaved.set()
-        LOG.info("plan %d: %d job(s) in %.1f ms after %s", gen, len(plan.jobs),
+        LOG.info("plan %d: %d job(s) in %.1f ms after %s%s", gen, len(plan.jobs),
                  plan.latency_s * 1000, "; ".join(causes[:3]) + (" ..." if len(causes) > 3
-                                                                 else ""))
+                                                                 else ""),
+                 f"; decisions changed: {', '.join(moved[:8])}" if moved else "")
         self._on_plan(plan)
 
     def _make_plan(self, inputs: PlanInputs, cfg: LeaderPlanConfig, gen: int, now: float,

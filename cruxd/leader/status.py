@@ -10,10 +10,10 @@ from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 
 if TYPE_CHECKING:
-    from cruxd.leader.rpcs import LeaderRpcs
+    from cruxd.leader.view import LeaderView
 
 
-def cluster_status(leader: LeaderRpcs, hostname: str) -> cpb.ClusterStatus:
+def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
     now = leader.clock()
     st = leader.state
     out = cpb.ClusterStatus(schema=convert.SCHEMA, leader_host=hostname,
@@ -48,6 +48,7 @@ def cluster_status(leader: LeaderRpcs, hostname: str) -> cpb.ClusterStatus:
             decided = JobAssignment(jid, JobState.QUEUED, note="waiting for the next plan")
         msg = convert.assignment_to_pb(decided)
         msg.qps_applied, msg.qps_total = applied.get(jid, (0, 0))
+        msg.decision_changes = leader.replans.decision_changes.get(jid, 0)
         if jid in merged:
             msg.measurement.CopyFrom(convert.measurement_to_pb(merged[jid]))
         out.jobs.append(msg)
@@ -57,4 +58,6 @@ def cluster_status(leader: LeaderRpcs, hostname: str) -> cpb.ClusterStatus:
         out.plan_latency_s = plan.latency_s
         out.plan_causes.extend(plan.causes)
         out.topology = plan.topology
+    out.replans.update(leader.replans.replans)
+    out.plans_unchanged = leader.replans.unchanged
     return out
