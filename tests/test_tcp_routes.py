@@ -188,3 +188,38 @@ def test_the_agent_sweeps_tcp_too_and_reports_both_per_path() -> None:
 def test_tcp_probing_config() -> None:
     p = parse_config("[probing]\n", "<t>").probing
     assert (p.tcp_dport, p.tcp_sports, p.tcp_ports_per_path) == (0, (61000, 65535), 8)
+
+
+def test_a_replan_on_the_same_paths_keeps_the_ports() -> None:
+    """A sweep that finds the same paths with their ports in another order (and one more
+    TCP port) leaves every route as it was; a route that lost one of its TCP ports takes
+    the new set, and one whose UDP port is gone takes the path's new first port."""
+    first = make_plan(plan_inputs(state(table_of=tcp_table), 1.0), None, FOUR_LEVELS, 1, 1.0)
+
+    def resweep(k: int, peer: int) -> PathTable:
+        t = tcp_table(k, peer)
+        return replace(t, paths=tuple(replace(p, sports=(p.sports[0] + 1000, *p.sports),
+                                              tcp_sports=(61999, *reversed(p.tcp_sports)))
+                                      for p in t.paths))
+
+    inputs = plan_inputs(state(table_of=resweep), 2.0)
+    fresh = make_plan(inputs, None, FOUR_LEVELS, 2, 2.0)
+    kept = make_plan(inputs, None, FOUR_LEVELS, 2, 2.0, previous=first)
+    routes = {a.job_id: a.routes for a in first.jobs}
+    assert {a.job_id: a.routes for a in kept.jobs} == routes
+    assert {a.job_id: a.routes for a in fresh.jobs} != routes  # without it, new ports
+
+    def lose(k: int, peer: int) -> PathTable:  # each path's first UDP and TCP port gone
+        t = tcp_table(k, peer)
+        return replace(t, paths=tuple(replace(p, sports=(p.sports[0] + 1000,),
+                                              tcp_sports=p.tcp_sports[1:])
+                                      for p in t.paths))
+
+    moved = make_plan(plan_inputs(state(table_of=lose), 3.0), None, FOUR_LEVELS, 3, 3.0,
+                      previous=first)
+    for a in moved.jobs:
+        for old, new in zip({b.job_id: b for b in first.jobs}[a.job_id].routes, a.routes,
+                            strict=True):
+            assert new.hops == old.hops
+            assert new.sport == old.sport + 1000
+            assert new.tcp_sports == old.tcp_sports[1:]

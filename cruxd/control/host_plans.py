@@ -27,6 +27,7 @@ from cruxd.control.records import (
     PathTable,
     PeerRoute,
 )
+from cruxd.control.sticky_routes import keep_ports, previous_routes
 from cruxd.model.jobs import Job, ring_allreduce
 from cruxd.model.plan import Plan
 from cruxd.model.topology import Topology, TopologyBuilder
@@ -184,10 +185,12 @@ class JobMemo:
 def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanConfig,
               generation: int, now: float, causes: tuple[str, ...] = (), *,
               planner: IncrementalPlanner | None = None,
-              jobs: JobMemo | None = None) -> PublishedPlan:
+              jobs: JobMemo | None = None,
+              previous: PublishedPlan | None = None) -> PublishedPlan:
     """`planner`: the leader's IncrementalPlanner (the same plan, re-computing only what
     changed since its last call; one plan at a time); None plans from scratch. `jobs`:
-    the leader's JobMemo, likewise."""
+    the leader's JobMemo, likewise. `previous`: the plan published before, whose ports a
+    route keeps where its path is the same (sticky_routes)."""
     fabric = config.path_selection == PATHS_BY_FABRIC
     if fabric:  # adaptive routing: no probed path to plan on or to probe again
         inputs = replace(inputs, tables={}, reprobe={})
@@ -227,19 +230,20 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     routes: dict[str, list[PeerRoute]] = {}
     addresses: dict[tuple[str, int | None], tuple[str, ...]] = {}
     # the chosen path's TCP-probed ports, found by its hops as its UDP port is
-    tcp = {(src, dst, p.hops): (p.tcp_dport, p.tcp_sports)
-           for (src, dst), ps in paths.items() for p in ps if p.tcp_sports}
+    by_hops = {(src, dst, p.hops): p for (src, dst), ps in paths.items() for p in ps}
+    tcp = {k: (p.tcp_dport, p.tcp_sports) for k, p in by_hops.items() if p.tcp_sports}
+    before = previous_routes(previous.jobs) if previous is not None and not fabric else {}
     for f in result.flows if result else ():
         peer = addresses.get((f.dst, f.src_port))
         if peer is None:
             peer = addresses[(f.dst, f.src_port)] = _addresses(nics, f.dst, f.src_port)
         tcp_dport, tcp_sports = tcp.get((f.src, f.dst, f.hops), (0, ()))
         # with the fabric routing, the path the scheduler modelled holds no traffic to it
-        routes.setdefault(f.job, []).append(PeerRoute(
+        routes.setdefault(f.job, []).append(keep_ports(f.job, PeerRoute(
             src_host=f.src, peer_host=f.dst, peer_addresses=peer,
             sport=0 if fabric else f.sport or 0, hops=() if fabric else f.hops,
             nic_port=f.src_port if f.src_port is not None else -1,
-            tcp_dport=tcp_dport, tcp_sports=tcp_sports))
+            tcp_dport=tcp_dport, tcp_sports=tcp_sports), before, by_hops))
 
     out = []
     for m in merged:

@@ -273,7 +273,7 @@ class Leader(LeaderRpcs):
                    causes: tuple[str, ...]) -> PublishedPlan:
         """In the planning thread: the plan, and which hosts it changes."""
         plan = make_plan(inputs, self.topology, cfg, gen, now, causes,
-                         planner=self._incremental, jobs=self._jobs)
+                         planner=self._incremental, jobs=self._jobs, previous=self.plan)
         return carry_changes(self.plan, replace(plan, term=self.term))
 
     def fanout(self) -> FanOut | None:
