@@ -8,6 +8,7 @@ which levels-only rests on, in tests/test_sock_interposer.py
 from __future__ import annotations
 
 import importlib
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -38,26 +39,46 @@ def _publish(path: Path, generation: int, dscp: int, dport: int, sports: list[in
                           tcp_sports=tuple(sports))], plan_generation=generation)
 
 
-def test_a_ring_rebuilds_for_a_new_level_but_not_for_ports_decided_toward_another_port(
+def _carrying(dscp: int) -> tuple[socket.socket, socket.socket]:
+    """A connected loopback TCP socket with this class (and its listener)."""
+    lst = socket.create_server(("127.0.0.1", 0))
+    s = socket.socket()
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
+    s.connect(lst.getsockname())
+    return s, lst
+
+
+def test_a_ring_rebuilds_only_for_a_decision_its_connection_does_not_carry(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """levels-only: the agents probe toward OTHER_PORT, so the decided ports do not apply
     to the ring's connections (to RING_PORT) and a re-plan that moves them must not make
-    the ring reconnect (each reconnect is a fresh draw of the kernel's ports)."""
+    the ring reconnect (each reconnect is a fresh draw of the kernel's ports). Toward the
+    ring's own port the ports count, but only where the connection's own port is not
+    among them: a re-plan that keeps the path (and so the port) rebuilds nothing."""
     table = tmp_path / "decisions"
     _publish(table, 1, 10, OTHER_PORT, [40001, 40002])
     monkeypatch.setenv("CRUX_DECISION_TABLE", str(table))
     monkeypatch.setenv("CRUX_JOB_ID", "j")
     ring = Decisions(PEER, RING_PORT)
     assert ring.at_connect == (10, (), OTHER_PORT)
-    _publish(table, 2, 10, OTHER_PORT, [40003])
-    assert not ring.changed()
-    _publish(table, 3, 18, OTHER_PORT, [40003])
-    assert ring.changed()
+    sock, lst = _carrying(10)
+    with sock, lst:
+        _publish(table, 2, 10, OTHER_PORT, [40003])
+        assert not ring.changed(sock)
+        _publish(table, 3, 18, OTHER_PORT, [40003])
+        assert ring.changed(sock)  # a new class
     # toward the ring's own port (crux, paths-only) the ports are part of the decision
     toward = Decisions(PEER, OTHER_PORT)
     assert toward.at_connect == (18, (40003,), OTHER_PORT)
-    _publish(table, 4, 18, OTHER_PORT, [40004])
-    assert toward.changed()
+    sock, lst = _carrying(18)
+    with sock, lst:
+        own = sock.getsockname()[1]
+        _publish(table, 4, 18, OTHER_PORT, [40004])
+        assert toward.changed(sock)  # another path: its port is not ours
+        _publish(table, 5, 18, OTHER_PORT, [40004, own])
+        assert not toward.changed(sock)  # our port is among them: the same path
+        _publish(table, 6, 18, OTHER_PORT, [40003])
+        assert not toward.changed(sock)  # the decision we connected on: ports were busy
 
 
 def test_levels_only_agents_probe_a_port_the_rings_do_not_use(tmp_path: Path) -> None:

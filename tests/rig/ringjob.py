@@ -112,8 +112,24 @@ class Decisions:
             return None
         return (d.dscp, tuple(d.tcp_sports) if d.tcp_dport == self.port else (), d.tcp_dport)
 
-    def changed(self) -> bool:
-        return self.now() != self.at_connect
+    def changed(self, sock: socket.socket | None) -> bool:
+        """Whether the ring must be rebuilt to take the decision: it differs from the one
+        read at the last connect, and the connection does not carry it already (its class,
+        and a source port among the decided ones). A re-plan that hands out the same path
+        and class changes nothing here; a decision whose ports were all busy at connect
+        is not chased again until it changes."""
+        now = self.now()
+        if now == self.at_connect or now is None:
+            return False  # nothing new, or no decision any more: keep what we have
+        if sock is None:
+            return True
+        dscp, sports, _ = now
+        try:
+            tos = sock.getsockopt(socket.IPPROTO_IP, socket.IP_TOS)
+            sport = sock.getsockname()[1]
+        except OSError:
+            return True
+        return tos >> 2 != dscp or bool(sports) and sport not in sports
 
 
 class Ring:
@@ -171,7 +187,8 @@ class Ring:
         chunks = max(1, -(-hop_bytes // (steps * PIECE)))
         seg = max(1, hop_bytes // (steps * chunks)) + 1  # a slice, with its flag byte
         total = chunks * steps * seg
-        st: dict[str, Any] = {"received": 0, "vote": self.decisions.changed(), "broken": False}
+        st: dict[str, Any] = {"received": 0, "vote": self.decisions.changed(self.next),
+                              "broken": False}
         cond = threading.Condition()
         sender = threading.Thread(target=self._send, args=(total, seg, st, cond), daemon=True)
         sender.start()
