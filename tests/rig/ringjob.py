@@ -129,7 +129,7 @@ class Decisions:
             sport = sock.getsockname()[1]
         except OSError:
             return True
-        return tos >> 2 != dscp or bool(sports) and sport not in sports
+        return tos >> 2 != dscp or (bool(sports) and sport not in sports)
 
 
 class Ring:
