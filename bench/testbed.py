@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import json
 import sys
@@ -61,6 +62,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _testbed_repeat import control_in_window, print_summary
 from _testbed_report import plot, print_tables
 from tables import preamble  # bench/ is on sys.path when run as a script
 
@@ -224,6 +226,8 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
         lo, hi = window_of(logs, warmup_s, {j.id for j in layout.jobs if j.churns})
         stats = {jid: job_stats(ranks, lo, hi) for jid, ranks in logs.items()}
     out: dict[str, Any] = {}
+    if run.control[1]:
+        out["control"] = control_in_window(*run.control, logs)
     if mode != "standalone":  # the jobs ran one after another there: no common clock
         out["timeline"] = timeline(logs, gpus, lo, hi)
         out["window_s"] = hi - lo
@@ -270,68 +274,18 @@ def link_down_result(logs: dict[str, Any], gpus: dict[str, int], down: LinkDown,
             "jobs": jobs}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("scenario", help="a scenario file (docs/scenario.md)")
-    p.add_argument("--mode", default="standalone,ecmp,crux",
-                   help=f"comma list of {', '.join(MODES)} (standalone,ecmp,crux); "
-                        "paths-only and levels-only are live crux with only its paths "
-                        "(switches: one class) or only its levels (the kernel's ports)")
-    p.add_argument("--duration", type=float, default=60.0, help="seconds per mode (60)")
-    p.add_argument("--warmup", type=float, default=10.0,
-                   help="seconds left out at the start of each window (10)")
-    p.add_argument("--scale", type=float, default=1e-3,
-                   help="link rates and bytes x this (1e-3: Gbit/s to Mbit/s)")
-    p.add_argument("--workdir", metavar="DIR",
-                   help="keep the jobs' logs and the daemons' configs and logs here "
-                        "(default: a temporary directory, removed)")
-    p.add_argument("--link-down", metavar="LEAF:SPINE@S",
-                   help="crux, crux-hints: take the cable between LEAF and SPINE down S "
-                        "seconds "
-                        "into the measured window, and report the times to new decisions "
-                        "and to settled utilisation (agents re-verify paths every "
-                        "5 s in such a run)")
-    p.add_argument("--plot", metavar="FILE.png",
-                   help="cluster GPU utilisation over the window, one line per mode "
-                        "(needs matplotlib), with standalone's as a level")
-    p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
-    args = p.parse_args()
-    modes = [m for m in args.mode.split(",") if m]
-    bad = [m for m in modes if m not in MODES]
-    if bad:
-        p.error(f"--mode: unknown {', '.join(bad)} (built: {', '.join(MODES)})")
-    if args.plot:
-        try:
-            need_matplotlib()
-        except CruxError as exc:
-            p.error(str(exc))
-    if (why := can_build()) is not None:
-        print(f"testbed: cannot build the fabric: {why}", file=sys.stderr)
-        return 2
-    try:
-        sc = load_scenario(args.scenario)
-        layout = Layout.of(sc, args.scale)
-        down = LinkDown.parse(args.link_down) if args.link_down else None
-        if down is not None:
-            down.check(layout.leaves, layout.spines, args.duration)
-        late = [j.id for j in layout.jobs if j.arrival_s >= args.duration - args.warmup]
-        if late:
-            raise UsageError(f"{', '.join(late)} would arrive after the measured window "
-                             f"(arrival_s counts from its start, which is --warmup "
-                             f"{args.warmup:g} s into the --duration {args.duration:g} s)")
-        sim = simulated(sc, args.duration)
-    except CruxError as exc:
-        print(f"testbed: {exc}", file=sys.stderr)
-        return 2
-    if not args.json:
-        preamble()
-        print(f"# fabric: {layout.leaves} leaves x {layout.hosts_per_leaf} hosts, "
-              f"{layout.spines} spines; host links {layout.host_mbit:g} Mbit/s, uplinks "
-              f"{layout.uplink_mbit:g} Mbit/s (scale {args.scale:g})", flush=True)
-    result: dict[str, Any] = {"scenario": args.scenario, "scale": args.scale, "modes": {}}
+def run_modes(args: argparse.Namespace, sc: Scenario, layout: Layout, modes: list[str],
+              down: LinkDown | None, sim: dict[str, dict[str, Any]],
+              reuse: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every mode once, with the simulator's figures beside each; modes in `reuse` (an
+    earlier run's standalone: the jobs alone do not vary) are taken from there."""
+    result: dict[str, Any] = {"scenario": args.scenario, "scale": args.scale,
+                              "modes": copy.deepcopy(reuse or {})}
     with (contextlib.nullcontext(args.workdir) if args.workdir
           else tempfile.TemporaryDirectory(prefix="crux-testbed-")) as tmp:
         for mode in modes:
+            if mode in result["modes"]:
+                continue
             m = measure(layout, mode, Path(tmp), args.duration, args.warmup, sc.config.levels,
                         down)
             # with jobs arriving or leaving, the simulator replays them as they happened
@@ -373,12 +327,92 @@ def main() -> int:
             sim_u = sim_m.get("utilization")
             if sim_u is not None:
                 sim_m["error"] = m["utilization"] / sim_u - 1 if sim_u else None
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("scenario", help="a scenario file (docs/scenario.md)")
+    p.add_argument("--mode", default="standalone,ecmp,crux",
+                   help=f"comma list of {', '.join(MODES)} (standalone,ecmp,crux); "
+                        "paths-only and levels-only are live crux with only its paths "
+                        "(switches: one class) or only its levels (the kernel's ports)")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds per mode (60)")
+    p.add_argument("--warmup", type=float, default=10.0,
+                   help="seconds left out at the start of each window (10)")
+    p.add_argument("--scale", type=float, default=1e-3,
+                   help="link rates and bytes x this (1e-3: Gbit/s to Mbit/s)")
+    p.add_argument("--workdir", metavar="DIR",
+                   help="keep the jobs' logs and the daemons' configs and logs here "
+                        "(default: a temporary directory, removed)")
+    p.add_argument("--link-down", metavar="LEAF:SPINE@S",
+                   help="crux, crux-hints: take the cable between LEAF and SPINE down S "
+                        "seconds "
+                        "into the measured window, and report the times to new decisions "
+                        "and to settled utilisation (agents re-verify paths every "
+                        "5 s in such a run)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="cluster GPU utilisation over the window, one line per mode "
+                        "(needs matplotlib), with standalone's as a level")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run every mode N times (standalone once: the jobs alone do not "
+                        "vary) and report each figure's median and spread (1)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    args = p.parse_args()
+    modes = [m for m in args.mode.split(",") if m]
+    if args.repeat < 1:
+        p.error("--repeat: at least 1")
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        p.error(f"--mode: unknown {', '.join(bad)} (built: {', '.join(MODES)})")
+    if args.plot:
+        try:
+            need_matplotlib()
+        except CruxError as exc:
+            p.error(str(exc))
+    if (why := can_build()) is not None:
+        print(f"testbed: cannot build the fabric: {why}", file=sys.stderr)
+        return 2
+    try:
+        sc = load_scenario(args.scenario)
+        layout = Layout.of(sc, args.scale)
+        down = LinkDown.parse(args.link_down) if args.link_down else None
+        if down is not None:
+            down.check(layout.leaves, layout.spines, args.duration)
+        late = [j.id for j in layout.jobs if j.arrival_s >= args.duration - args.warmup]
+        if late:
+            raise UsageError(f"{', '.join(late)} would arrive after the measured window "
+                             f"(arrival_s counts from its start, which is --warmup "
+                             f"{args.warmup:g} s into the --duration {args.duration:g} s)")
+        sim = simulated(sc, args.duration)
+    except CruxError as exc:
+        print(f"testbed: {exc}", file=sys.stderr)
+        return 2
+    if not args.json:
+        preamble()
+        print(f"# fabric: {layout.leaves} leaves x {layout.hosts_per_leaf} hosts, "
+              f"{layout.spines} spines; host links {layout.host_mbit:g} Mbit/s, uplinks "
+              f"{layout.uplink_mbit:g} Mbit/s (scale {args.scale:g})", flush=True)
+    runs = []
+    for k in range(args.repeat):
+        if args.repeat > 1:
+            print(f"[testbed] run {k + 1} of {args.repeat}", file=sys.stderr, flush=True)
+        reuse = ({"standalone": runs[0]["modes"]["standalone"]}
+                 if runs and "standalone" in modes else None)
+        runs.append(run_modes(args, sc, layout, modes, down, sim, reuse))
+        if args.repeat > 1 and not args.json:
+            print(f"\n# run {k + 1} of {args.repeat}")
+            print_tables(runs[-1])
+    result = runs[-1]
     if args.plot:
         plot(Path(args.plot), result)
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(json.dumps(result if args.repeat == 1 else {"runs": runs}, indent=1))
         return 0
-    print_tables(result)
+    if args.repeat == 1:
+        print_tables(result)
+    else:
+        print_summary(runs)
     return 0
 
 

@@ -218,7 +218,9 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
                 f.one_class()
             # the tables take the plan, then each ring rebuilds after its current iteration
             time.sleep(2.0 + 2 * max(standalone_period(layout, j) for j in initial))
-            plan = planned(leader(), initial, dport=dport) or plan
+            doc = leader()
+            plan = planned(doc, initial, dport=dport) or plan
+            at_start = control_counts(doc)
             settled = time.time()
             _say(progress, f"{mode}: planned after {time.monotonic() - t0:.1f} s; measuring "
                  f"{duration_s:g} s")
@@ -231,11 +233,23 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
                         link = fail_link(f, link_down, end, leader)
                     time.sleep(max(0.0, end - time.time()))
                 carried = read()
-            final = {j["job_id"]: j for j in (leader().get("cluster") or {}).get("jobs", [])}
+            doc = leader()
+            final = {j["job_id"]: j for j in (doc.get("cluster") or {}).get("jobs", [])}
             stop_jobs(procs)
             logs = {job.id: [[it for it in rank if it["t0"] >= settled]
                              for rank in read_logs(logdir, job)] for job in layout.jobs}
-    return ModeRun(logs, carried, plan, final, link, churn.events)
+    return ModeRun(logs, carried, plan, final, link, churn.events,
+                   (at_start, control_counts(doc)))
+
+
+def control_counts(doc: dict[str, Any]) -> dict[str, Any]:
+    """The leader's re-plans by kind of cause, plans that changed nothing, and each job's
+    decision changes, from `cruxctl status --json` (uint64 fields come as strings)."""
+    cluster = doc.get("cluster") or {}
+    return {"replans": {k: int(v) for k, v in (cluster.get("replans") or {}).items()},
+            "unchanged": int(cluster.get("plans_unchanged") or 0),
+            "changes": {j["job_id"]: int(j.get("decision_changes") or 0)
+                        for j in cluster.get("jobs", [])}}
 
 
 def summary(doc: dict[str, Any]) -> dict[str, str]:

@@ -119,6 +119,8 @@ class ModeRun:
     plan_end: dict[str, Any] = field(default_factory=dict)
     link: dict[str, float | None] = field(default_factory=dict)
     events: list[JobEvent] = field(default_factory=list)
+    # the leader's re-plan counts as the window began and as it ended (control_counts)
+    control: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
 
 
 class JobProcs:
