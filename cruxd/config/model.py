@@ -20,7 +20,8 @@ LIVE_KEYS = frozenset({
     "daemon.log_level", "agent.report_interval_s", "agent.accept_job_hints",
     "agent.start_wait_s",
     "leader.levels", "leader.dscp", "leader.debounce_ms", "leader.profiling_s",
-    "leader.change_threshold", "leader.change_hold_s", "leader.tie_tolerance",
+    "leader.change_threshold", "leader.change_hold_s", "leader.failure_settle_s",
+    "leader.tie_tolerance",
     "leader.agent_timeout_s",
 })
 
@@ -103,6 +104,7 @@ class LeaderConfig:
     profiling_s: float
     change_threshold: float
     change_hold_s: float  # a measurement change must hold this long before it re-plans
+    failure_settle_s: float  # after hops vanish: the longest a re-plan waits for reprobes
     tie_tolerance: float  # PlanConfig.tie_tolerance
     star_nic_gbps: float
     max_jobs: int

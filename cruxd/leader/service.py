@@ -28,7 +28,7 @@ from cruxd.control.host_plans import (
     plan_inputs,
 )
 from cruxd.control.plan_delta import carry_changes, changed_hosts
-from cruxd.control.replan_stats import ReplanStats
+from cruxd.control.replan_stats import ReplanStats, cause_kind
 from cruxd.leader import store
 from cruxd.leader.auth import Gate
 from cruxd.leader.fanout import FanOut
@@ -212,6 +212,8 @@ class Leader(LeaderRpcs):
                     min(0.2, self._settle_until - now), self._wake.set)
                 continue
             self._unheard.clear()
+            if causes and await self._awaiting_reprobe(causes, now):
+                continue
             if causes or (self.plan is None and self.state.agents):
                 self._planning = True
                 try:
@@ -219,15 +221,47 @@ class Leader(LeaderRpcs):
                 finally:
                     self._planning = False
 
-    async def _replan(self, causes: list[str]) -> None:
+    async def _awaiting_reprobe(self, causes: list[str], now: float) -> bool:
+        """After a failure (hops gone from some agent's paths), hold the re-plan until every
+        agent whose paths crossed them has probed again, or failure_settle_s has passed
+        since the first was lost, so that one re-plan takes the whole failure in: the
+        agents find it one sweep at a time, and re-planning on each report moved jobs once
+        per report. Meanwhile the reprobe requests go out alone, in a plan that changes no
+        decision. Any other cause re-plans at once, as ever."""
+        settle, st, plan = self.config.leader.failure_settle_s, self.state, self.plan
+        recent = [at for at in st.down_hops.values() if now - at < settle]
+        if plan is None or not recent or any(cause_kind(c) != "path table changed"
+                                             for c in causes):
+            return False
+        reprobe = st.reprobe(now)
+        if not reprobe:
+            return False  # every agent concerned has probed again
+        self._causes = [*causes, *self._causes]  # for the re-plan to come
+        if any(not set(peers) <= set(plan.reprobe.get(h, ())) for h, peers in reprobe.items()):
+            await self._replan(causes, reprobe=reprobe)
+        asyncio.get_running_loop().call_later(
+            max(0.05, min(0.5, min(recent) + settle - now)), self._wake.set)
+        return True
+
+    async def _replan(self, causes: list[str],
+                      reprobe: dict[str, tuple[str, ...]] | None = None) -> None:
+        """A new plan for `causes`; with `reprobe`, the current plan's decisions with these
+        reprobe requests (see _awaiting_reprobe)."""
         first = self._first_event or time.monotonic()
-        self._first_event = None
+        if reprobe is None:
+            self._first_event = None
         cfg = self.plan_config()
         gen = max(self.plan.generation if self.plan else 0, self._high_water) + 1
         now = self.clock()
         try:
-            plan = await asyncio.to_thread(self._make_plan, plan_inputs(self.state, now), cfg,
-                                           gen, now, tuple(causes))
+            if reprobe is not None and self.plan is not None:
+                plan = carry_changes(self.plan, replace(
+                    self.plan, generation=gen, planned_unix_ms=int(now * 1000),
+                    causes=("reprobe after a failure", *causes), reprobe=reprobe, term=self.term,
+                    _per_host={}, _by_host={}))
+            else:
+                plan = await asyncio.to_thread(self._make_plan, plan_inputs(self.state, now),
+                                               cfg, gen, now, tuple(causes))
         except Exception:
             LOG.exception("planning failed; agents keep plan %s",
                           self.plan.generation if self.plan else "none")
