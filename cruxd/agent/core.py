@@ -128,9 +128,11 @@ class Agent:
     def local_jobs(self) -> list[LocalJob]:
         jobs = self.registry.jobs()
         self.measurement.forget({j.job_id for j in jobs})
+        busy = self.dataplane.ports_busy([j.job_id for j in jobs])
         return [replace(job, measurement=self.measurement.measure(
             job, self.registry.hints(job.job_id)),
-            request_profiling=self.measurement.wants_profile(job.job_id))
+            request_profiling=self.measurement.wants_profile(job.job_id),
+            tcp_ports_busy=busy.get(job.job_id, 0))
             for job in jobs]
 
     def inventory(self) -> HostInventory:

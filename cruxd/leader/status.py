@@ -35,6 +35,7 @@ def cluster_status(leader: LeaderRpcs, hostname: str) -> cpb.ClusterStatus:
     plan = leader.plan
     planned = {a.job_id: a for a in plan.jobs} if plan else {}
     applied: dict[str, tuple[int, int]] = {}  # job -> (qps applied, total) summed over hosts
+    busy = ports_busy(leader)
     for agent in st.live_agents().values():
         for j in agent.jobs.values():
             done, total = applied.get(j.job_id, (0, 0))
@@ -48,6 +49,7 @@ def cluster_status(leader: LeaderRpcs, hostname: str) -> cpb.ClusterStatus:
             decided = JobAssignment(jid, JobState.QUEUED, note="waiting for the next plan")
         msg = convert.assignment_to_pb(decided)
         msg.qps_applied, msg.qps_total = applied.get(jid, (0, 0))
+        msg.tcp_ports_busy = busy.get(jid, 0)
         if jid in merged:
             msg.measurement.CopyFrom(convert.measurement_to_pb(merged[jid]))
         out.jobs.append(msg)
@@ -57,4 +59,15 @@ def cluster_status(leader: LeaderRpcs, hostname: str) -> cpb.ClusterStatus:
         out.plan_latency_s = plan.latency_s
         out.plan_causes.extend(plan.causes)
         out.topology = plan.topology
+    return out
+
+
+def ports_busy(leader: LeaderRpcs) -> dict[str, int]:
+    """Per job, its TCP connects that fell back to kernel ports for busy decided ports,
+    summed over the live agents' last reports (status and the leader's metrics)."""
+    out: dict[str, int] = {}
+    for agent in leader.state.live_agents().values():
+        for j in agent.jobs.values():
+            if j.tcp_ports_busy:
+                out[j.job_id] = out.get(j.job_id, 0) + j.tcp_ports_busy
     return out
