@@ -25,6 +25,11 @@
  * through: non-TCP sockets, other families, CRUX_SOCK=0, and connects on a socket that is
  * already connecting, connected or listening (the kernel answers those).
  *
+ * A route (peer, destination port) whose decided ports are all held (the job's earlier
+ * connections, or their TIME_WAIT: 60 s after each close) falls back to a kernel port; the first
+ * such fallback of each route is said on stderr, always, once per process (a fixed table of
+ * LOGGED_ROUTES routes; past it, fallbacks are counted, not said).
+ *
  * Environment: CRUX_JOB_ID, CRUX_DECISION_TABLE (default /run/crux/decisions), CRUX_QP_DIR
  * (default: the table's directory + /qps), CRUX_SOCK=0 (off), CRUX_SHIM_LOG=1 (one stderr line
  * per counted connect).
@@ -54,6 +59,7 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define CACHE_SLOTS 16          /* lookups remembered per process, by peer */
+#define LOGGED_ROUTES 64        /* routes whose busy-port fallback was said, per process */
 
 typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
 typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
@@ -89,6 +95,18 @@ static struct {
     char rec_dir[4096];
 } st;
 
+/* Routes (peer, destination port; the job is the process's) already said to have fallen back
+ * for busy ports. Fixed size: a job dialling thousands of peers must not grow it. Under the
+ * lock. */
+static struct {
+    unsigned used;
+    int full_said;
+    struct {
+        uint8_t peer[16];
+        uint16_t dport;
+    } route[LOGGED_ROUTES];
+} busy_said;
+
 static const char *const outcome_names[CRUX_SOCK_OUT_COUNT] = {
     "applied", "tos-only", "no-job", "no-table", "bad-table", "no-entry", "ports-busy",
 };
@@ -117,6 +135,7 @@ static void atfork_child(void)
         munmap(st.rec, CRUX_SOCKREC_SIZE); /* the parent's counters, not ours */
     st.rec = NULL;
     st.rec_failed = 0;
+    memset(&busy_said, 0, sizeof busy_said); /* another process: its own lines, its own file */
     pthread_mutex_unlock(&lock);
 }
 
@@ -285,6 +304,46 @@ static void log_line(int fd, const uint8_t peer[16], uint16_t dport,
             o->traffic_class);
 }
 
+/* What to say of a route whose decided ports are all held (under the lock): 1 for its first
+ * fallback in this process, 2 for the first one that no longer fits the table (said once,
+ * so the silence after it is explained), 0 otherwise. */
+static int busy_first(const uint8_t peer[16], uint16_t dport)
+{
+    for (unsigned i = 0; i < busy_said.used; i++)
+        if (busy_said.route[i].dport == dport && memcmp(busy_said.route[i].peer, peer, 16) == 0)
+            return 0;
+    if (busy_said.used == LOGGED_ROUTES) {
+        int first = !busy_said.full_said;
+        busy_said.full_said = 1;
+        return first ? 2 : 0;
+    }
+    memcpy(busy_said.route[busy_said.used].peer, peer, 16);
+    busy_said.route[busy_said.used++].dport = dport;
+    return 1;
+}
+
+/* The line busy_first asked for: which ports were held, and that the kernel picks this
+ * connection's port (its path is ECMP's, not the plan's; the class still applies). */
+static void say_busy(int what, const uint8_t peer[16], uint16_t dport, const uint16_t *ports,
+                     unsigned n, int tc)
+{
+    if (what == 2) {
+        fprintf(stderr, "crux-sock: pid %d job '%s': %d routes fell back to kernel ports; "
+                "further ones are counted (ports-busy), not logged\n", (int)getpid(), st.job,
+                LOGGED_ROUTES);
+        return;
+    }
+    char text[INET6_ADDRSTRLEN], list[CRUX_TCP_SPORTS * 6 + 1];
+    size_t at = 0;
+    list[0] = '\0';
+    for (unsigned i = 0; i < n && at < sizeof list; i++)
+        at += (size_t)snprintf(list + at, sizeof list - at, "%s%u", i ? "," : "", ports[i]);
+    peer_text(peer, text);
+    fprintf(stderr, "crux-sock: pid %d job '%s' -> %s port %u: ports busy: every decided source "
+            "port (%s) is in use, the kernel picks the port (ECMP's path, tos %d); said once "
+            "per route, counted as ports-busy\n", (int)getpid(), st.job, text, dport, list, tc);
+}
+
 /* The peer of an address as the table holds it (::ffff:a.b.c.d for IPv4); 0 if not IP. */
 static int peer_of(const struct sockaddr *addr, socklen_t len, uint8_t peer[16], uint16_t *port)
 {
@@ -431,6 +490,15 @@ EXPORT int crux_sock_steer(int fd, const struct sockaddr *addr, socklen_t len,
         } else {
             o->sport = bind_from(fd, self.ss_family, ports, n);
             o->outcome = o->sport != 0 ? CRUX_SOCK_APPLIED : CRUX_SOCK_PORTS_BUSY;
+        }
+        if (o->outcome == CRUX_SOCK_PORTS_BUSY) {
+            in_steer = 1;
+            pthread_mutex_lock(&lock);
+            int say = busy_first(peer, dport);
+            pthread_mutex_unlock(&lock);
+            in_steer = 0;
+            if (say)
+                say_busy(say, peer, dport, ports, n, e.traffic_class);
         }
     }
     count(rec, o->outcome);

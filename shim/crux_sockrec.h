@@ -39,7 +39,7 @@ enum crux_sock_outcome {
     CRUX_SOCK_BAD_TABLE = 4,  /* wrong magic/version/layout, truncated or empty */
     CRUX_SOCK_NO_ENTRY = 5,   /* no decision for this job and peer, nor a job-wide one */
     CRUX_SOCK_PORTS_BUSY = 6, /* traffic class set; every probed port was in use, so the
-                                 kernel picked the port */
+                                 kernel picked the port (said on stderr once per route) */
     CRUX_SOCK_OUT_COUNT = 7
 };
 

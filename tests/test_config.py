@@ -115,6 +115,9 @@ def test_embedded_default_for_a_user() -> None:
     assert ld.state_file == Path("/home/ann/.local/state/crux/leader-state.json")
     assert not c.tls.enabled and c.tls.server_name is None
     assert c.metrics.listen == "127.0.0.1:9477"
+    assert c.control.dscp == 48  # CS6, crux's own RPCs
+    assert parse('[control]\ndscp = "system"').control.dscp is None
+    assert parse("[control]\ndscp = 0").control.dscp == 0
     assert load_config(None, env=USER, euid=1000) == c
 
 
@@ -268,6 +271,11 @@ def test_relative_paths_are_beside_the_file(tmp_path: Path,
     ('[agent]\nleader = "h:0"', "agent.leader: port must be in [1, 65535], got 0"),
     ('[leader]\nlisten = "10.0.0.300:1"', "leader.listen: '10.0.0.300' is not an IPv4 address"),
     ('[metrics]\nlisten = "h:99999"', "metrics.listen: port 99999 is out of range [0, 65535]"),
+    ("[control]\ndscp = 64", 'control.dscp: must be in [0, 63] (or "system"), got 64'),
+    ('[control]\ndscp = "cs6"',
+     'control.dscp: expected an integer in [0, 63] or "system", got the string "cs6"'),
+    ("[control]\ndscp = true",
+     'control.dscp: expected an integer in [0, 63] or "system", got the boolean true'),
     ('[metrics]\nlisten = "0.0.0.0:7470"',
      "metrics.listen: 0.0.0.0:7470 is also leader.listen (127.0.0.1:7470)"),
     ('[agent]\naddresses = ["10.0.0.1", "10.0.1"]',
@@ -376,10 +384,11 @@ def test_restart_required() -> None:
     changed = parse('[daemon]\nroles = ["agent"]\nlog_level = "error"\n'
                     '[agent]\nsocket = "/s"\ntable_capacity = 64\n'
                     '[leader]\nlisten = "0.0.0.0:1"\nprofiling_s = 0\n'
-                    '[tls]\nca = "/a"\ncert = "/b"\nkey = "/c"\n[metrics]\nlisten = ""\n')
+                    '[tls]\nca = "/a"\ncert = "/b"\nkey = "/c"\n[metrics]\nlisten = ""\n'
+                    "[control]\ndscp = 10\n")
     assert restart_required(old, changed) == [
         "daemon.roles", "agent.socket", "agent.table_capacity", "leader.listen",
-        "tls.ca", "tls.cert", "tls.key", "metrics.listen"]
+        "tls.ca", "tls.cert", "tls.key", "metrics.listen", "control.dscp"]
     moved = dataclasses.replace(old, source="/other.toml")
     assert restart_required(old, moved) == []
 

@@ -79,7 +79,8 @@ def good_report() -> AgentReport:
     return AgentReport(
         host=HostInventory("h0.rack-1", "1.0", 8, (Nic("mlx5_0", "10.0.0.1", 0, 100.0),
                                                    Nic("mlx5_1", "fd00::1", 1, 400.0))),
-        jobs=(LocalJob("job-a", 8, 1, 2, 17, MEASURED, 2, 4, "python train.py"),
+        jobs=(LocalJob("job-a", 8, 1, 2, 17, MEASURED, 2, 4, "python train.py",
+                       tcp_ports_busy=6),
               LocalJob("user@team/b:1", 0)),
         paths=(PathTable("h2", (PATH,)),),
         links=(LinkObservation("tor0->agg1", 0.5, 3),))
@@ -184,6 +185,8 @@ def test_good_ids_and_addresses() -> None:
     ("jobs[0].gpus", lambda r: set_job(r, 0, gpus=MAX_GPUS + 1)),
     ("jobs[0].gpus", lambda r: set_job(r, 0, gpus=-1)),
     ("jobs[0].qps_applied", lambda r: set_job(r, 0, qps_applied=5)),
+    ("jobs[0].tcp_ports_busy", lambda r: set_job(r, 0, tcp_ports_busy=2**53 + 1)),
+    ("jobs[0].tcp_ports_busy", lambda r: set_job(r, 0, tcp_ports_busy=-1)),
     ("jobs[0].command", lambda r: set_job(r, 0, command="x" * (MAX_TEXT + 1))),
     ("jobs[0].measurement.source", lambda r: set_measurement(r, 0, source="s" * (MAX_TEXT + 1))),
     ("paths[1]", lambda r: replace(r, paths=r.paths * 2)),

@@ -49,7 +49,11 @@ def _stand_ins(metrics: Metrics) -> None:
                                  state=SimpleNamespace(label="unmeasured"))
     metrics.leader = SimpleNamespace(  # type: ignore[assignment]
         plan=SimpleNamespace(jobs=[job, unmeasured], generation=7), clock=lambda: 100.0,
-        state=SimpleNamespace(agents={"h0": SimpleNamespace(last_report=98.5)}), watchers=2,
+        state=SimpleNamespace(
+            agents={"h0": SimpleNamespace(last_report=98.5)},
+            live_agents=lambda: {"h0": SimpleNamespace(jobs={"j": SimpleNamespace(
+                job_id="GPU_Job-1", tcp_ports_busy=9)})}),
+        watchers=2,
         replans=ReplanStats(Counter({"job arrived": 2, "measurement changed": 1}), 3,
                             {"GPU_Job-1": 1}))
     metrics.agent = SimpleNamespace(  # type: ignore[assignment]
@@ -57,7 +61,8 @@ def _stand_ins(metrics: Metrics) -> None:
         link=SimpleNamespace(reachable=True, rpc_errors=4),
         table=SimpleNamespace(header=lambda: SimpleNamespace(plan_generation=7)),
         rejected=1, server=SimpleNamespace(rejected=2, timed_out=5, accept_errors=6),
-        dataplane=SimpleNamespace(skipped_files=7), first=SimpleNamespace(late=8))
+        dataplane=SimpleNamespace(skipped_files=7, last_busy={"GPU_Job-1": 4}),
+        first=SimpleNamespace(late=8))
 
 
 def _rendered() -> str:
@@ -80,6 +85,9 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
                         ("crux_agent_late_first_decisions_total", 8.0)):
         assert types[name] == "counter" and f"{name} {value}" in text
     assert types["crux_job_intensity_flops_per_second"] == "gauge"
+    for name, value in (("crux_job_tcp_ports_busy_total", 9.0),
+                        ("crux_agent_tcp_ports_busy_total", 4.0)):
+        assert types[name] == "counter" and f'{name}{{crux_job="GPU_Job-1"}} {value}' in text
     assert 'crux_job_intensity_flops_per_second{crux_job="GPU_Job-1"} 2.5e+14' in text
     assert 'crux_job_level{crux_job="j2",state="unmeasured"} 0.0' in text
     assert "crux_job_intensity{" not in text, "the intensity carries its unit"

@@ -208,8 +208,54 @@ def test_probed_ports_in_turn_then_the_kernels(tmp_path: Path, clients: list[Cli
     assert (counts.pid, counts.job_id) == (c.pid, JOB)
     assert (c.qps / f"sock-{c.pid}").stat().st_mode & 0o777 == 0o644
     log = [ln for ln in c.close().splitlines() if ln.startswith("crux-sock:")]
-    assert len(log) == 4 and f"applied, sport {ports[0]}, tos {TC}" in log[0], log
-    assert "ports-busy, sport 0" in log[3]
+    assert len(log) == 5 and f"applied, sport {ports[0]}, tos {TC}" in log[0], log
+    assert "ports busy: every decided source port" in log[3]  # said before the connect
+    assert "ports-busy, sport 0" in log[4]
+
+
+def test_busy_ports_are_said_once_per_route_without_the_log_switch(
+        tmp_path: Path, clients: list[Client]) -> None:
+    """Without CRUX_SHIM_LOG: one stderr line per route (peer, destination port) the first
+    time its decided ports are all held, naming them; the later fallbacks are counted only."""
+    a, b = listener(), listener()
+    ports = free_ports(2)
+    da, db = a.getsockname()[1], b.getsockname()[1]
+    t = table(tmp_path / "decisions", steered("127.0.0.1", da, ports))
+    c = Client(tmp_path, t)
+    clients.append(c)
+    got = [c(host="127.0.0.1", port=da)["sport"] for _ in range(5)]
+    assert sorted(got[:2]) == sorted(ports) and not set(got[2:]) & set(ports)
+    # another destination port of the same peer is not probed: the class only, nothing said
+    c(host="127.0.0.1", port=db)
+    only(c.counts(), applied=2, ports_busy=3, tos_only=1)
+    log = [ln for ln in c.close().splitlines() if ln.startswith("crux-sock:")]
+    listed = ",".join(str(p) for p in ports)
+    assert log == [f"crux-sock: pid {c.pid} job '{JOB}' -> 127.0.0.1 port {da}: ports busy: "
+                   f"every decided source port ({listed}) is in use, the kernel picks the port "
+                   f"(ECMP's path, tos {TC}); said once per route, counted as ports-busy"], log
+
+
+def test_the_routes_said_are_bounded(tmp_path: Path, clients: list[Client]) -> None:
+    """A job whose ports are busy toward many routes: 64 lines, then one saying that further
+    routes are counted, not said; every fallback counted."""
+    held = listener()  # the set's one port, held by a listener: every bind of it fails
+    port = held.getsockname()[1]
+    srv = socket.create_server(("0.0.0.0", 0), backlog=128)  # every 127.0.0.x
+    dport = srv.getsockname()[1]
+    peers = [f"127.0.0.{i + 2}" for i in range(70)]  # 70 routes: one per peer
+    t = tmp_path / "decisions"
+    with TableWriter.open(t, capacity=128) as w:
+        w.apply([Decision(JOB, p, 3, TC >> 2, TC, 0, 1, tcp_dport=dport, tcp_sports=(port,))
+                 for p in peers], plan_generation=1)
+    c = Client(tmp_path, t)
+    clients.append(c)
+    for p in peers:
+        c(host=p, port=dport)
+    only(c.counts(), ports_busy=70)
+    log = [ln for ln in c.close().splitlines() if ln.startswith("crux-sock:")]
+    assert len(log) == 65 and all("ports busy" in ln for ln in log[:64]), log
+    assert log[64] == (f"crux-sock: pid {c.pid} job '{JOB}': 64 routes fell back to kernel "
+                       "ports; further ones are counted (ports-busy), not logged")
 
 
 @pytest.mark.parametrize("libc", [False, True], ids=["accept4", "accept"])
@@ -526,6 +572,38 @@ def test_records_are_read_without_trusting_them(tmp_path: Path) -> None:
     assert not (tmp_path / f"sock-{dead}").exists() and (tmp_path / "sock-1").exists()
     from transport.qp_records import read_dir as read_qp_dir
     assert len(read_qp_dir(tmp_path)[1]) == 1  # "123" only: sock-* and "²" are not QP files
+
+
+def test_ports_busy_per_job_outlives_the_processes(tmp_path: Path) -> None:
+    """The agent's per-job ports-busy count (reported to the leader) keeps what a process
+    counted after it exits and its file is pruned, whether or not a scan saw it alive; a job
+    that is not registered is not counted, and a deregistered job's count is dropped."""
+    dp = DataPlane(tmp_path / "decisions", sysfs_root=str(tmp_path / "nosys"))
+    dp.start()
+    me = os.getpid()
+    kids = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        sock_file(dp.qp_dir / f"sock-{me}", me, "a", {"applied": 1, "ports-busy": 2})
+        sock_file(dp.qp_dir / f"sock-{kids[0].pid}", kids[0].pid, "a", {"ports-busy": 3})
+        sock_file(dp.qp_dir / f"sock-{kids[1].pid}", kids[1].pid, "b", {"ports-busy": 4})
+        assert dp.ports_busy(["a"]) == {"a": 5}  # "b" is not registered here
+        assert dp.last_busy == {"a": 5}
+        # the child counts once more, then exits: the count stays with its job
+        sock_file(dp.qp_dir / f"sock-{kids[0].pid}", kids[0].pid, "a", {"ports-busy": 4})
+        gone = subprocess.Popen(["sleep", "60"])  # one never seen alive by a scan
+        sock_file(dp.qp_dir / f"sock-{gone.pid}", gone.pid, "a", {"ports-busy": 10})
+        for p in (kids[0], gone):
+            p.kill()
+            p.wait()
+        assert dp.ports_busy(["a", "b"]) == {"a": 16, "b": 4}
+        assert not (dp.qp_dir / f"sock-{kids[0].pid}").exists()
+        assert dp.ports_busy(["a", "b"]) == {"a": 16, "b": 4}  # counted once
+        assert dp.ports_busy(["b"]) == {"b": 4}  # "a" left
+        assert dp.ports_busy(["a", "b"]) == {"a": 2, "b": 4}  # a new "a": its live file only
+    finally:
+        for p in kids:
+            p.kill()
+            p.wait()
 
 
 def test_dataplane_sums_per_job_and_status_shows_it(tmp_path: Path) -> None:

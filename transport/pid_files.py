@@ -80,11 +80,13 @@ def read_untrusted(path: Path, limit: int) -> bytes:
 
 
 def scan(root: str | os.PathLike[str], prefix: str, limit: int,
-         parse: Callable[[bytes], T], *, prune: bool = False) -> tuple[list[T], list[str]]:
+         parse: Callable[[bytes], T], *, prune: bool = False,
+         gone: list[T] | None = None) -> tuple[list[T], list[str]]:
     """(parsed files of live processes, problems) for the names `<prefix><pid>` in `root`.
     `parse` raises ValueError for bytes it does not understand. With prune, files of processes
     that are gone are removed (the agent's job); unreadable or foreign files are reported,
-    never removed. At most MAX_FILES names are read."""
+    never removed. `gone` collects the parsed files of processes that are gone (their owner
+    cannot be checked any more: counts, never trust). At most MAX_FILES names are read."""
     out: list[T] = []
     problems: list[str] = []
     try:
@@ -107,6 +109,8 @@ def scan(root: str | os.PathLike[str], prefix: str, limit: int,
         if rec.pid != int(p.name[len(prefix):]):
             problems.append(f"{p}: header says pid {rec.pid}")
         elif not pid_alive(rec.pid):
+            if gone is not None:
+                gone.append(rec)
             if prune:
                 p.unlink(missing_ok=True)
         elif owner != 0 and owner not in (process_uids(rec.pid) or ()):

@@ -71,11 +71,12 @@ def read_file(path: Path) -> SockCounts:
     return parse(read_untrusted(path, SIZE))
 
 
-def read_dir(path: str | os.PathLike[str], *, prune: bool = False
-             ) -> tuple[list[SockCounts], list[str]]:
+def read_dir(path: str | os.PathLike[str], *, prune: bool = False,
+             gone: list[SockCounts] | None = None) -> tuple[list[SockCounts], list[str]]:
     """(counters of live processes, problems) from the `sock-<pid>` files; with prune, files
-    of processes that are gone are removed (transport/pid_files.py scans)."""
-    return scan(path, PREFIX, SIZE, parse, prune=prune)
+    of processes that are gone are removed, and `gone` collects what they said
+    (transport/pid_files.py scans)."""
+    return scan(path, PREFIX, SIZE, parse, prune=prune, gone=gone)
 
 
 @dataclass(frozen=True)

@@ -76,12 +76,14 @@ class Agent:
         self.gpus = gpu_count(a.gpus)
         self.table = TableWriter.open(a.decision_table, capacity=a.table_capacity)
         self.store = JobStore(self.state_file)
-        self.finder = LeaderFinder(config.leader) if config.leader.ha == "etcd" else None
+        self.finder = (LeaderFinder(config.leader, config.control.dscp)
+                       if config.leader.ha == "etcd" else None)
         self.link = LeaderLink(leader_address, config.tls, self.host_id, self.report,
                                self.apply_plan, a.report_interval_s, a.reconnect_max_s,
                                lambda: self.table.header().plan_generation,
                                token_path=config.agent.leader_token,
-                               fallback=a.leader_fallback, resolve=self.finder)
+                               fallback=a.leader_fallback, resolve=self.finder,
+                               dscp=config.control.dscp)
         # last: its handler sees the agent whole (local_api.LocalAgent)
         self.server = LocalServer(a.socket, group_id(a.socket_group), LocalRpc(self).handle,
                                   Limits(a.max_connections, a.max_connections_per_uid,
@@ -128,9 +130,11 @@ class Agent:
     def local_jobs(self) -> list[LocalJob]:
         jobs = self.registry.jobs()
         self.measurement.forget({j.job_id for j in jobs})
+        busy = self.dataplane.ports_busy([j.job_id for j in jobs])
         return [replace(job, measurement=self.measurement.measure(
             job, self.registry.hints(job.job_id)),
-            request_profiling=self.measurement.wants_profile(job.job_id))
+            request_profiling=self.measurement.wants_profile(job.job_id),
+            tcp_ports_busy=busy.get(job.job_id, 0))
             for job in jobs]
 
     def inventory(self) -> HostInventory:

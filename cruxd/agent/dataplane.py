@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from cruxd.agent.nic_tc import tc_overrides, winning_class
@@ -21,7 +21,7 @@ from transport.decision_table import TableError, TableReader
 from transport.pcie import PcieLockError, PcieLocks, PcieSwitch, shared_links
 from transport.pcie_links import LinkMap, LinkMapError, device_links, write_map
 from transport.qp_records import ProcessRecords, classify, read_dir
-from transport.sock_records import by_job
+from transport.sock_records import SockCounts, by_job
 from transport.sock_records import read_dir as read_sock_dir
 
 LOG = logging.getLogger("cruxd.agent")
@@ -39,6 +39,13 @@ class DataPlane:
         self.problems: list[str] = []
         self.skipped_files = 0  # record files refused (hostile or broken), over all scans
         self._skip_logged = -SKIP_LOG_EVERY_S
+        # ports-busy connects of the registered jobs (`_jobs`): the live processes' counters
+        # as last read, by (job, pid, file creation), and per job the sum of those of its
+        # processes that exited since it registered (their files go, the count stays)
+        self._jobs: frozenset[str] = frozenset()
+        self._busy_live: dict[tuple[str, int, int], int] = {}
+        self._busy_gone: dict[str, int] = {}
+        self.last_busy: dict[str, int] = {}  # ports_busy's last answer (the metrics read it)
 
     def _skipped(self, what: str, problems: list[str]) -> None:
         """Count the files a scan refused; warn about them at most every SKIP_LOG_EVERY_S."""
@@ -134,11 +141,42 @@ class DataPlane:
                 wire_traffic_class=wire, traffic_class_source=source))
         return out
 
+    def _sock_records(self) -> list[SockCounts]:
+        """The live processes' socket counters; prunes the files of processes that are gone,
+        keeping their ports-busy counts for their job (ports_busy)."""
+        gone: list[SockCounts] = []
+        records, problems = read_sock_dir(self.qp_dir, prune=True, gone=gone)
+        self._skipped("socket counters", problems)
+        live = {(r.job_id, r.pid, r.created_ns): r.counters["ports-busy"] for r in records
+                if r.job_id in self._jobs}
+        ended = {(r.job_id, r.pid, r.created_ns): r.counters["ports-busy"] for r in gone
+                 if r.job_id in self._jobs}
+        for key in self._busy_live.keys() - live.keys():  # exited: its file's last word
+            if key[0] in self._jobs:
+                ended[key] = max(ended.get(key, 0), self._busy_live[key])
+        for (job, _, _), n in ended.items():
+            if n:
+                self._busy_gone[job] = self._busy_gone.get(job, 0) + n
+        self._busy_live = {k: n for k, n in live.items() if n}
+        return records
+
+    def ports_busy(self, jobs: Collection[str]) -> dict[str, int]:
+        """Per registered job (`jobs`), its TCP connects that fell back to a kernel port
+        because every decided port of the route was in use, since it registered here (the
+        interposer's ports-busy outcome, summed over its processes, exited ones included)."""
+        self._jobs = frozenset(jobs)
+        self._busy_gone = {j: n for j, n in self._busy_gone.items() if j in self._jobs}
+        self._sock_records()
+        out = dict(self._busy_gone)
+        for (job, _, _), n in self._busy_live.items():
+            out[job] = out.get(job, 0) + n
+        self.last_busy = out  # replaced whole: a scrape thread reads it
+        return out
+
     def sock_status(self) -> list[apb.SockStatus]:
         """The TCP interposer's connect counters (`qps/sock-<pid>`), summed per job over live
         processes; prunes the files of processes that are gone."""
-        records, problems = read_sock_dir(self.qp_dir, prune=True)
-        self._skipped("socket counters", problems)
+        records = self._sock_records()
         return [apb.SockStatus(job_id=j.job_id, processes=j.processes, calls=j.calls,
                                accepts=j.accepts,
                                **{k.replace("-", "_"): v for k, v in j.counters.items()})

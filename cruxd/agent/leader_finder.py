@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 
 
 class LeaderFinder:
-    def __init__(self, config: LeaderConfig) -> None:
+    def __init__(self, config: LeaderConfig, dscp: int | None) -> None:
         self.config = config
+        self.dscp = dscp  # [control] dscp of the etcd channel
         self.key = f"{config.etcd_prefix}/leader".encode()
         self._client: EtcdClient | None = None
 
@@ -24,7 +25,7 @@ class LeaderFinder:
         if self._client is None:
             from cruxd.leader.etcd import EtcdClient  # aetcd only on hosts that use it
 
-            self._client = EtcdClient(self.config)
+            self._client = EtcdClient(self.config, dscp=self.dscp)
         kv = await self._client.get(self.key, serializable=True)  # any member answers
         if kv is None:
             return None

@@ -114,7 +114,8 @@ def leader_call(args: argparse.Namespace, method: str, request: Any = None) -> A
     async def call() -> Any:
         from cruxd.config.model import TlsConfig
 
-        ch = tls.channel(args.leader, tls_config or TlsConfig(None, None, None, None))
+        ch = tls.channel(args.leader, tls_config or TlsConfig(None, None, None, None),
+                         config.control.dscp)
         try:
             stub = lgrpc.LeaderStub(ch)  # type: ignore[no-untyped-call]
             req = request or (lpb.StatusRequest() if method == "Status"

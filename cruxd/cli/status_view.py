@@ -61,6 +61,10 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
                                   "connection(s) unsteered: made before the plan[/] (before "
                                   "the job's first decision reached the table; they keep the "
                                   "kernel's path and class until the job reconnects)")
+        if cluster is None:  # the leader's view says it otherwise, for every host
+            for j in agent.jobs:
+                if j.tcp_ports_busy:
+                    console.print(_ports_busy(j.job_id, j.tcp_ports_busy))
         if agent.late_first_decisions:
             console.print(f"  [yellow]{agent.late_first_decisions} job(s) got their first "
                           "decision after crux-run's start wait[/] (agent.start_wait_s): they "
@@ -126,6 +130,16 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
                      str(j.rank), str(j.level), str(j.dscp), _routes(j, mode == "fabric"), qps,
                      str(j.decision_changes))
     console.print(jobs)
+    for j in cluster.jobs:
+        if j.tcp_ports_busy:
+            console.print(_ports_busy(j.job_id, j.tcp_ports_busy))
+
+
+def _ports_busy(job: str, n: int) -> str:
+    """The line for a job whose TCP connects found every decided port of a route in use."""
+    return (f"  [yellow]job {job}: fell back: ports busy ({n} connects)[/] (every decided TCP "
+            "source port of the route was in use, TIME_WAIT included: the kernel picked the "
+            "port and ECMP the path; docs/shim.md)")
 
 
 def _peers(agents: list[tuple[str, Any]], now: float) -> Table:

@@ -119,6 +119,19 @@ class Section:
             raise self.error(key, f"must be in {bounds}, got {v}")
         return v
 
+    def integer_or(self, key: str, default: int | str, bounds: Range, word: str) -> int | None:
+        """An integer in `bounds`, or the string `word` (None)."""
+        v = self._typed(key, default, (int, str), f'an integer in {bounds} or "{word}"')
+        if isinstance(v, str):
+            if v != word:
+                raise self.error(key, f'expected an integer in {bounds} or "{word}", got '
+                                 f"{describe(v)}")
+            return None
+        assert isinstance(v, int)
+        if not bounds.holds(v):
+            raise self.error(key, f'must be in {bounds} (or "{word}"), got {v}')
+        return v
+
     def number(self, key: str, default: float, bounds: Range) -> float:
         v = self._typed(key, default, (int, float), "a number")
         assert isinstance(v, int | float)

@@ -142,6 +142,17 @@ class TlsConfig:
         return self.ca is not None and self.cert is not None and self.key is not None
 
 
+# CS6, the class docs/scheduler.md reserves for crux's own RPCs
+CONTROL_DSCP = 48
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    # DSCP of crux's own gRPC traffic (agent <-> leader, cruxctl, etcd); None: the kernel's
+    # default class (no socket option set)
+    dscp: int | None = CONTROL_DSCP
+
+
 @dataclass(frozen=True, slots=True)
 class MetricsConfig:
     listen: str | None  # None: no metrics endpoint
@@ -161,13 +172,14 @@ class Config:
     tls: TlsConfig
     metrics: MetricsConfig
     source: str  # EMBEDDED or the file's path
+    control: ControlConfig = ControlConfig()
 
 
 DAEMON_KEYS = ("roles", "host_id", "state_dir", "runtime_dir", "log_level")
 _SECTIONS: dict[str, type] = {
     "agent": AgentConfig, "probing": ProbingConfig, "measurement": MeasureConfig,
     "leader": LeaderConfig,
-    "tls": TlsConfig, "metrics": MetricsConfig}
+    "tls": TlsConfig, "metrics": MetricsConfig, "control": ControlConfig}
 SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "daemon": DAEMON_KEYS,
     **{name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in _SECTIONS.items()},

@@ -32,6 +32,7 @@ from cruxd.config.ha_section import parse_ha
 from cruxd.config.hostport import format_hostport, parse_hostport
 from cruxd.config.measure_section import parse_measurement
 from cruxd.config.model import (
+    CONTROL_DSCP,
     EMBEDDED,
     LIVE_KEYS,
     LOG_LEVELS,
@@ -39,6 +40,7 @@ from cruxd.config.model import (
     SECTION_KEYS,
     AgentConfig,
     Config,
+    ControlConfig,
     LeaderConfig,
     MetricsConfig,
     ProbingConfig,
@@ -194,7 +196,7 @@ def _build(doc: Mapping[str, object], source: str, base: Path | None, env: Mappi
         log_level=d.choice("log_level", "info", LOG_LEVELS),
         agent=agent, probing=probing, measurement=measurement, leader=leader,
         tls=_tls(sec["tls"]), metrics=metrics,
-        source=source)
+        source=source, control=_control(sec["control"]))
 
 
 def _table(doc: Mapping[str, object], name: str) -> Mapping[str, object]:
@@ -324,6 +326,11 @@ def _tls(t: Section) -> TlsConfig:
         raise t.error("server_name", "only used with TLS (tls.ca, tls.cert and tls.key set)")
     return TlsConfig(ca=files["ca"], cert=files["cert"], key=files["key"],
                      server_name=server_name)
+
+
+def _control(c: Section) -> ControlConfig:
+    # 6 bits: IP_TOS takes DSCP << 2; "system" sets nothing (the kernel's class, usually 0)
+    return ControlConfig(dscp=c.integer_or("dscp", CONTROL_DSCP, Range(0, 63), "system"))
 
 
 def _metrics(m: Section, leader_listen: str | None) -> MetricsConfig:

@@ -61,6 +61,8 @@ class LocalJob:
     qps_total: int = 0
     command: str = ""
     request_profiling: bool = False  # its behaviour changed since it was profiled
+    # TCP connects that got a kernel port: every decided port of the route was in use
+    tcp_ports_busy: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,6 +119,7 @@ def check_local_job(job: LocalJob, field: str = "job") -> LocalJob:
         raise InvalidMessage(f"{field}.qps_applied",
                              f"{job.qps_applied} exceeds qps_total {job.qps_total}")
     _text(job.command, f"{field}.command")
+    _number(job.tcp_ports_busy, f"{field}.tcp_ports_busy", MAX_COUNTER)
     return job
 
 

@@ -49,6 +49,8 @@ class _StateCollector(Collector):
 
 
 def _leader_metrics(leader: Leader) -> Iterator[Metric]:
+    from cruxd.leader.status import ports_busy  # a leader's module: agent-only hosts skip it
+
     plan = leader.plan
     # I_j = W_j / t_j: FLOP per iteration over seconds of communication per iteration
     intensity = GaugeMetricFamily("crux_job_intensity_flops_per_second",
@@ -84,6 +86,13 @@ def _leader_metrics(leader: Leader) -> Iterator[Metric]:
     for job, n in sorted(leader.replans.decision_changes.items()):
         changes.add_metric([job], n)
     yield changes
+    busy = CounterMetricFamily("crux_job_tcp_ports_busy",
+                               "TCP connects that got a kernel source port because every "
+                               "decided port of their route was in use, summed over the "
+                               "job's live agents", labels=["crux_job"])
+    for job, n in sorted(ports_busy(leader).items()):
+        busy.add_metric([job], n)
+    yield busy
 
 
 def _agent_metrics(agent: Agent) -> Iterator[Metric]:
@@ -114,6 +123,13 @@ def _agent_metrics(agent: Agent) -> Iterator[Metric]:
     yield CounterMetricFamily("crux_agent_record_files_skipped",
                               "QP and socket record files refused (hostile or broken)",
                               value=agent.dataplane.skipped_files)
+    busy = CounterMetricFamily("crux_agent_tcp_ports_busy",
+                               "TCP connects of a local job that got a kernel source port "
+                               "because every decided port of their route was in use",
+                               labels=["crux_job"])
+    for job, n in sorted(agent.dataplane.last_busy.items()):
+        busy.add_metric([job], n)
+    yield busy
 
 
 class Metrics:

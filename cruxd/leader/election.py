@@ -43,8 +43,8 @@ class Holder:
 
 class Election:
     def __init__(self, config: LeaderConfig, address: str, host: str,
-                 client: EtcdClient | None = None) -> None:
-        self.client = client or EtcdClient(config)
+                 client: EtcdClient | None = None, dscp: int | None = None) -> None:
+        self.client = client or EtcdClient(config, dscp=dscp)
         p = config.etcd_prefix
         self.key, self.gen_key, self.plan_key, self.state_key = (
             f"{p}/{k}".encode() for k in ("leader", "generation", "plan", "state"))

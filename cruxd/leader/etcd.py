@@ -19,6 +19,7 @@ from aetcd import rpc, watcher
 from cruxd.config.hostport import parse_hostport
 from cruxd.config.model import LeaderConfig
 from cruxd.errors import UsageError
+from cruxd.rpc.tls import dscp_options
 
 RPC_TIMEOUT_S = 2.0
 ClientError = aetcd.ClientError
@@ -55,8 +56,10 @@ def _read(path: Path | None) -> bytes | None:
 
 
 class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types
-    def __init__(self, config: LeaderConfig, timeout: float = RPC_TIMEOUT_S) -> None:
+    def __init__(self, config: LeaderConfig, timeout: float = RPC_TIMEOUT_S,
+                 dscp: int | None = None) -> None:
         super().__init__(timeout=timeout)
+        self._dscp = dscp  # [control] dscp: crux's etcd traffic is control traffic too
         self._target = target(config.etcd_endpoints)
         self._tls = (config.etcd_ca, config.etcd_cert, config.etcd_key)
 
@@ -64,7 +67,8 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types
         if self._connected.is_set():
             return
         options = [("grpc.lb_policy_name", "round_robin"),
-                   ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+                   ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+                   *dscp_options(self._dscp)]
         ca, cert, key = (_read(p) for p in self._tls)
         if ca is not None:
             creds = grpc.ssl_channel_credentials(ca, key, cert)

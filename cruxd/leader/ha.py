@@ -29,7 +29,8 @@ POLL_S = 0.5  # standbys try the campaign this often; failover = lease TTL + thi
 class Candidate:
     def __init__(self, leader: Leader, host: str) -> None:
         self.leader = leader
-        self.election = Election(leader.config.leader, leader.address, host)
+        self.election = Election(leader.config.leader, leader.address, host,
+                                 dscp=leader.config.control.dscp)
         self._deposed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         leader.role = "standby"

@@ -35,6 +35,7 @@ def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
     plan = leader.plan
     planned = {a.job_id: a for a in plan.jobs} if plan else {}
     applied: dict[str, tuple[int, int]] = {}  # job -> (qps applied, total) summed over hosts
+    busy = ports_busy(leader)
     for agent in st.live_agents().values():
         for j in agent.jobs.values():
             done, total = applied.get(j.job_id, (0, 0))
@@ -49,6 +50,7 @@ def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
         msg = convert.assignment_to_pb(decided)
         msg.qps_applied, msg.qps_total = applied.get(jid, (0, 0))
         msg.decision_changes = leader.replans.decision_changes.get(jid, 0)
+        msg.tcp_ports_busy = busy.get(jid, 0)
         if jid in merged:
             msg.measurement.CopyFrom(convert.measurement_to_pb(merged[jid]))
         out.jobs.append(msg)
@@ -60,4 +62,15 @@ def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
         out.topology = plan.topology
     out.replans.update(leader.replans.replans)
     out.plans_unchanged = leader.replans.unchanged
+    return out
+
+
+def ports_busy(leader: LeaderView) -> dict[str, int]:
+    """Per job, its TCP connects that fell back to kernel ports for busy decided ports,
+    summed over the live agents' last reports (status and the leader's metrics)."""
+    out: dict[str, int] = {}
+    for agent in leader.state.live_agents().values():
+        for j in agent.jobs.values():
+            if j.tcp_ports_busy:
+                out[j.job_id] = out.get(j.job_id, 0) + j.tcp_ports_busy
     return out

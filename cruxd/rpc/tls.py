@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 
-from cruxd.config.model import TlsConfig
+from cruxd.config.model import CONTROL_DSCP, TlsConfig
 from cruxd.errors import CruxError, UsageError
 
 KEEPALIVE = [
@@ -20,6 +20,14 @@ KEEPALIVE = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+
+
+def dscp_options(dscp: int | None) -> list[tuple[str, int]]:
+    """gRPC's channel argument for the DSCP of a channel's or server's packets ([control]
+    dscp; None: none, the kernel's default). The C core sets IP_TOS / IPV6_TCLASS on every
+    socket it connects, and on the server's listening socket, whose class its accepted
+    connections inherit (SYN-ACK included); tests/test_control_dscp_rig.py checks the wire."""
+    return [] if dscp is None else [("grpc.dscp", dscp)]
 
 
 def _read(path: Path | None, what: str) -> bytes:
@@ -67,8 +75,8 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
         root_certificates=_read(tls.ca, "ca"), require_client_auth=True)
 
 
-def channel(address: str, tls: TlsConfig) -> grpc.aio.Channel:
-    options: list[tuple[str, str | int]] = list(KEEPALIVE)
+def channel(address: str, tls: TlsConfig, dscp: int | None = CONTROL_DSCP) -> grpc.aio.Channel:
+    options: list[tuple[str, str | int]] = [*KEEPALIVE, *dscp_options(dscp)]
     if not tls.enabled:
         return grpc.aio.insecure_channel(address, options=options)
     creds = grpc.ssl_channel_credentials(root_certificates=_read(tls.ca, "ca"),
