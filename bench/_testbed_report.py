@@ -39,6 +39,15 @@ def print_tables(result: dict[str, Any]) -> None:
                   + (f"; the same paths on one level: {one['utilization']:.3f}"
                      if (one := m["simulated"].get("one_level")) else ""))
     for mode, m in result["modes"].items():
+        if c := m.get("control"):
+            print(f"{mode}, in the measured window: {c['replans_total']} re-plan(s) ("
+                  + (", ".join(f"{k} {n}" for k, n in sorted(c["replans"].items())) or "none")
+                  + f"), {c['unchanged']} plan(s) that changed no decision; decision changes "
+                  + ", ".join(f"{j} {n}" for j, n in sorted(c["decision_changes"].items()))
+                  + "; ring rebuilds " + ", ".join(
+                      f"{j} {n}" for j, n in sorted(c["ring_rebuilds"].items()))
+                  + f"; rebuilds without a decision change: {c['rebuilds_without_change']}")
+    for mode, m in result["modes"].items():
         if "link_down" in m:
             d = m["link_down"]
             print(f"{mode}: cable leaf {d['leaf']} - spine {d['spine']} down "
