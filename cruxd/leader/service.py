@@ -66,6 +66,7 @@ class Leader(LeaderRpcs):
         self._wake = asyncio.Event()
         self._published = asyncio.Event()
         self._causes: list[str] = []
+        self._held_for: dict[str, tuple[str, ...]] = {}  # the reprobes a re-plan waits for
         self._first_event: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._persist: asyncio.Task[None] | None = None
@@ -237,6 +238,13 @@ class Leader(LeaderRpcs):
         if not reprobe:
             return False  # every agent concerned has probed again
         self._causes = [*causes, *self._causes]  # for the re-plan to come
+        if reprobe != self._held_for:
+            self._held_for = reprobe
+            LOG.info("after lost hops (%s): re-plan held up to %.1f s more for %d host(s) to "
+                     "probe again: %s", ", ".join(sorted(h for h, at in st.down_hops.items()
+                                                        if now - at < settle)[:4]),
+                     min(recent) + settle - now, len(reprobe),
+                     ", ".join(f"{h}->{'/'.join(p)}" for h, p in sorted(reprobe.items())[:6]))
         if any(not set(peers) <= set(plan.reprobe.get(h, ())) for h, peers in reprobe.items()):
             await self._replan(causes, reprobe=reprobe)
         asyncio.get_running_loop().call_later(
