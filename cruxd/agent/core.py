@@ -30,6 +30,7 @@ from cruxd.agent.source_choice import (
     measurement_for,
     probing_for,
 )
+from cruxd.agent.job_ports import merge_ports, read_learned
 from cruxd.agent.uplink import LeaderLink
 from cruxd.config.model import Config
 from cruxd.control.records import AgentReport, HostInventory, HostPlan, LocalJob, Measurement
@@ -128,9 +129,11 @@ class Agent:
     def local_jobs(self) -> list[LocalJob]:
         jobs = self.registry.jobs()
         self.measurement.forget({j.job_id for j in jobs})
+        learned = read_learned(self.dataplane.qp_dir, self.registry.owner_uid) if jobs else {}
         return [replace(job, measurement=self.measurement.measure(
             job, self.registry.hints(job.job_id)),
-            request_profiling=self.measurement.wants_profile(job.job_id))
+            request_profiling=self.measurement.wants_profile(job.job_id),
+            tcp_ports=merge_ports(job.tcp_ports, learned.get(job.job_id, ())))
             for job in jobs]
 
     def inventory(self) -> HostInventory:
