@@ -17,6 +17,7 @@ from cruxd import __version__
 from cruxd.agent.dataplane import DataPlane
 from cruxd.agent.first_decisions import FirstDecisions
 from cruxd.agent.inventory import discover_nics, gpu_count
+from cruxd.agent.job_ports import merge_ports, read_learned
 from cruxd.agent.job_store import JobStore
 from cruxd.agent.leader_finder import LeaderFinder
 from cruxd.agent.local_api import AgentStatus, Refusal, Refused, StartInfo
@@ -30,7 +31,6 @@ from cruxd.agent.source_choice import (
     measurement_for,
     probing_for,
 )
-from cruxd.agent.job_ports import merge_ports, read_learned
 from cruxd.agent.uplink import LeaderLink
 from cruxd.config.model import Config
 from cruxd.control.records import AgentReport, HostInventory, HostPlan, LocalJob, Measurement

@@ -16,7 +16,6 @@ from typing import Any
 
 from cruxd.control.cluster import ClusterState, MergedJob
 from cruxd.control.discovery import discover
-from cruxd.control.tcp_routes import listening_ports, route_tcp
 from cruxd.control.records import (
     DECLARED_SOURCE,
     PATHS_BY_CRUX,
@@ -28,6 +27,7 @@ from cruxd.control.records import (
     PathTable,
     PeerRoute,
 )
+from cruxd.control.tcp_routes import listening_ports, route_tcp
 from cruxd.model.jobs import Job, ring_allreduce
 from cruxd.model.plan import Plan
 from cruxd.model.topology import Topology, TopologyBuilder
