@@ -148,7 +148,7 @@ def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...], profiled: bool = Fals
         if j is None or j.get("state") != "JOB_STATE_SCHEDULED":
             return None
         sources = str((j.get("measurement") or {}).get("source", "")).split(",")
-        if profiled and "nvml+nic" not in sources:
+        if profiled and not {"nvml+nic", "nvml+sock"} & set(sources):
             return None
         routes = j.get("routes", [])
         if len(routes) < len(job.hosts) or not all(
