@@ -52,10 +52,7 @@ def test_declared_ports_come_first_then_learned_each_once_and_bounded() -> None:
 
 
 def _rec(pid: int, job: str, ports: tuple[int, ...]) -> SockCounts:
-    rec = SockCounts(pid, job, {}, 0, 0)
-    # the records' version 2 carries listen_ports (branch job-bytes); set it either way
-    object.__setattr__(rec, "listen_ports", ports)
-    return rec
+    return SockCounts(pid, job, {}, 0, 0, listen_ports=ports)
 
 
 def test_learned_ports_count_only_from_processes_of_the_jobs_own_user() -> None:

@@ -1,8 +1,9 @@
 """Two jobs on one host pair, each listening on its own port (issue 33), on the namespace
-fabric with two real cruxd agents (h0 also leads): each job declares its port with
-`crux-run --tcp-port`, no agent has a [probing] tcp_dport, and still each job gets its own
-decision in h0's table toward h1, with tcp_dport = its own port and source ports probed
-toward that port; its connections, made under crux-run, leave from those ports
+fabric with two real cruxd agents (h0 also leads): job a declares its port with
+`crux-run --tcp-port`, job b's listener runs under crux-run and the agent learns its port
+from the interposer's record; no agent has a [probing] tcp_dport, and still each job gets
+its own decision in h0's table toward h1, with tcp_dport = its own port and source ports
+probed toward that port; its connections, made under crux-run, leave from those ports
 (`applied` in the interposer's counters, the sockets' own local ports)."""
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ CONNECTOR = (
     f" for _ in range({CONNECTS})]\n"
     "print(' '.join(str(x.getsockname()[1]) for x in s), flush=True)\n"
     "time.sleep(60)\n")
+# listens on argv[1] and holds what it accepts (job b's rank on h1, its port learned)
+LISTENER = (
+    "import socket, sys\n"
+    "s = socket.socket()\n"
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('', int(sys.argv[1])))\n"
+    "s.listen(16)\n"
+    "held = []\n"
+    "while True:\n"
+    "    held.append(s.accept()[0])\n")
 
 
 def entries(table: Path, peer: str) -> dict[str, Decision] | None:
@@ -52,15 +63,23 @@ def sock_rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_two_jobs_on_one_host_pair_are_each_steered_toward_their_own_port(
         tmp_path: Path) -> None:
     with Fabric(hosts_per_leaf=1, leaves=2, spines=2) as f, \
-            iperf3_servers(f, ["h1"], PORTS["a"]), iperf3_servers(f, ["h1"], PORTS["b"]):
+            iperf3_servers(f, ["h1"], PORTS["a"]):
         configs = {h: agent_config(f, h, tmp_path) for h in ("h0", "h1")}
         assert not any("tcp_dport" in c["probing"] for c in configs.values())  # jobs' ports
         daemons = [Daemon(tmp_path, h, c, netns=f.ns(h)) for h, c in configs.items()]
         sock = {d.name: d.socket for d in daemons}
         with running(daemons, "agent h") as procs:
-            for job, port in PORTS.items():  # the listening side: h1, rank 1
-                procs.append(crux_run(sock["h1"], job, *JOB, "--node-rank", "1",
-                                      "--flops-per-iter", FLOPS[job], "--tcp-port", str(port)))
+            # the listening side, h1 (rank 1): a declares its port (iperf3 listens there);
+            # b declares none, its own listener runs under crux-run, in h1's namespace
+            procs.append(crux_run(sock["h1"], "a", *JOB, "--node-rank", "1",
+                                  "--flops-per-iter", FLOPS["a"], "--tcp-port",
+                                  str(PORTS["a"])))
+            procs.append(subprocess.Popen(  # type: ignore[arg-type]
+                ["ip", "netns", "exec", f.ns("h1"), str(BIN / "crux-run"), "--socket",
+                 str(sock["h1"]), "--job-id", "b", *JOB, "--node-rank", "1",
+                 "--flops-per-iter", FLOPS["b"], "--", sys.executable, "-c", LISTENER,
+                 str(PORTS["b"])]))
+            for job in PORTS:
                 procs.append(crux_run(sock["h0"], job, *JOB, "--node-rank", "0",
                                       "--flops-per-iter", FLOPS[job]))
             decided = wait_for("each job's decision toward h1 with TCP ports",
@@ -69,7 +88,11 @@ def test_two_jobs_on_one_host_pair_are_each_steered_toward_their_own_port(
             for job, d in decided.items():
                 assert d.tcp_dport == PORTS[job], (job, d)
                 assert all(61000 <= p <= 65535 for p in d.tcp_sports), d
-            # the leader heard each job's port from h1's agent, and its routes carry it
+            # h1's agent reports a's declared port and b's learned one ...
+            here = {j["job_id"]: j for j in status(sock["h1"])["agent"]["jobs"]}
+            assert {j: here[j].get("tcp_ports") for j in PORTS} == {
+                j: [p] for j, p in PORTS.items()}, here
+            # ... the leader heard each job's port from h1's agent, and its routes carry it
             jobs = {j["job_id"]: j for j in status(sock["h0"])["cluster"]["jobs"]}
             for job, port in PORTS.items():
                 route = next(r for r in jobs[job]["routes"] if r["src_host"] == "h0")

@@ -42,13 +42,11 @@ def learned_ports(records: Iterable[SockCounts], job_uid: Callable[[str], int | 
     out: dict[str, dict[int, None]] = {}
     for r in sorted(records, key=lambda r: r.pid):
         uid = job_uid(r.job_id) if r.job_id else None
-        # listen_ports: the records' version 2 (the interposer's listen()); a version 1
-        # record has none
-        ports = getattr(r, "listen_ports", ())
-        if uid is None or not ports or uid not in (uids_of(r.pid) or ()):
+        # a version 1 record (an interposer from before listen_ports) has none
+        if uid is None or not r.listen_ports or uid not in (uids_of(r.pid) or ()):
             continue
         mine = out.setdefault(r.job_id, {})
-        for port in ports:
+        for port in r.listen_ports:
             mine.setdefault(port)
     return {job: tuple(ports) for job, ports in out.items()}
 
