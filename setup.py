@@ -89,7 +89,8 @@ LIBS = [
     SharedLib(f"{NATIVE}.libcrux_sampler", ["agent/crux_sampler.c"]),
     SharedLib(f"{NATIVE}.libcrux_ibverbs", WRAPPER_SRC, **WRAPPER),  # type: ignore[arg-type]
     SharedLib(f"{NATIVE}.ibverbs.libibverbs", WRAPPER_SRC, **WRAPPER),  # type: ignore[arg-type]
-    SharedLib(f"{NATIVE}.libcrux_sock", ["crux_sock.c"], libraries=("dl",)),
+    SharedLib(f"{NATIVE}.libcrux_sock", ["crux_sock.c", "crux_sockbytes.c"],
+              libraries=("dl",)),
     SharedLib(f"{NATIVE}.libcrux_rates", ["sim/crux_rates.c"], libraries=("m",)),
 ]
 

@@ -20,6 +20,13 @@
     UDP 8 + payload + FCS 4); the routers' ICMP replies (IPv4 + ICMP 8 + the quoted
     probe) on the way back, the same way.
 
+(e) A peer's whole sweep as an agent runs it (issue 33): one UDP sweep, then one TCP sweep
+    per destination port ([probing] tcp_dport, and each job's listening port at the peer,
+    at most tcp_dports_per_peer), each collecting tcp_ports_per_path = 8 ports per path;
+    all with N unknown (the quiet rule, the agent's default). Hash-model probers, a fresh
+    model per port (switches hash both ports); probes per peer sweep and its seconds at
+    the agent's default rate_pps, against the number of destination ports.
+
     .venv/bin/python bench/probing.py [--quick] [--trials T] [--seed S] [--no-rig]
                                       [--json PATH]
 """
@@ -124,6 +131,34 @@ def guided(trials: int, seed: int) -> list[dict[str, Any]]:
             rows.append({"hash": name, "n": n, "trials": trials, "min": min(used),
                          "max": max(used), "exact": exact, "ms_per_sweep": 1e3 * cpu / trials,
                          "wrong_median": statistics.median(wrong), "wrong_mismatch": mism})
+    return rows
+
+
+# --- (e) a peer's sweep with TCP destination ports ---------------------------------------
+
+TCP_NS = (2, 4, 8)
+DPORTS = (0, 1, 2, 4, 8, 16, 33)  # 33: tcp_dport and the most jobs' ports (32) per peer
+
+
+def tcp_cost(trials: int, seed: int) -> list[dict[str, Any]]:
+    from cruxd.config.probing_section import MAX_TCP_PORTS, TCP_SPORTS
+    from probing.sweep import port_range
+
+    tcp_ports = port_range(TCP_SPORTS)
+    rows = []
+    for n in TCP_NS:
+        rng = random.Random(f"{seed}/tcp/{n}")
+        udp, tcp = [], []
+        for _ in range(trials):
+            model = HashModel("jhash", rng.getrandbits(32), select="reciprocal")
+            udp.append(sweep(ModelProber(model, n), "peer", ROCE_SPORTS,
+                             max_probes=1024).probes_sent)
+            model = HashModel("jhash", rng.getrandbits(32), select="reciprocal")
+            tcp.append(sweep(ModelProber(model, n), "peer", tcp_ports, max_probes=1024,
+                             ports_per_path=MAX_TCP_PORTS).probes_sent)
+        u, t = statistics.median(udp), statistics.median(tcp)
+        rows.append({"n": n, "udp_median": u, "tcp_median": t, "tcp_p90": pct(tcp, 90),
+                     "per_dports": {k: u + k * t for k in DPORTS}})
     return rows
 
 
@@ -314,6 +349,26 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
           "of a link. One sweep at a time per agent.")
 
 
+def report_tcp(rows: list[dict[str, Any]], trials: int) -> None:
+    from cruxd.config.model import ProbingConfig
+    from cruxd.config.parse import parse_config
+
+    cfg: ProbingConfig = parse_config("", "<defaults>").probing
+    rate = cfg.rate_pps
+    print(f"\n(e) A peer's sweep: UDP, then one TCP sweep per destination port ({trials} "
+          f"trials per N, quiet rule, {cfg.tcp_ports_per_path} TCP ports per path); at "
+          f"the agent's rate_pps {rate:g}")
+    print(table(["N paths", "UDP sweep: probes", "TCP sweep per port: median", "p90",
+                 *(f"{k} port(s): probes (s)" for k in DPORTS)],
+                [[r["n"], fmt(r["udp_median"]), fmt(r["tcp_median"]), fmt(r["tcp_p90"]),
+                  *(f"{fmt(v)} ({v / rate:.1f})" for v in r["per_dports"].values())]
+                 for r in rows]))
+    print(f"    each port is one more TCP sweep: a peer's sweep grows linearly with the "
+          f"destination ports probed toward it, bounded by 1 + tcp_dports_per_peer "
+          f"(default {cfg.tcp_dports_per_peer}, at most 32). One sweep at a time per agent, "
+          "every interval_s per peer, so rate_pps still bounds the probe traffic.")
+
+
 def finite(x: Any) -> Any:
     """JSON has no infinity: a sweep that never found all paths is null."""
     if isinstance(x, float) and not math.isfinite(x):
@@ -346,7 +401,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"    ... (b) done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     res["rig"] = {"skipped": "--no-rig"} if args.no_rig else rig(rig_trials, args.seed)
     res["bandwidth"] = bandwidth()
+    res["tcp"] = tcp_cost(args.trials, args.seed)
     report(res, args)
+    report_tcp(res["tcp"], args.trials)
     res["wall_s"] = time.monotonic() - started
     print(f"\n# total {res['wall_s']:.0f} s")
     if args.json:

@@ -14,8 +14,14 @@ ENTRIES live entries with the measured job's two last, so an uncached lookup sca
   (b) The real call: socket() + connect() to a listener on loopback + close (SO_LINGER 0),
       libc's connect against the interposer's, under LD_PRELOAD with a 64-entry table; rows
       by what the interposer does (CRUX_SOCK=0: the wrapper alone).
+  (c) A send: libc's send() against the interposer's on a TCP connection over loopback that a
+      thread drains, per call (batches of 32, alternated), BYTES payload. Rows: `counted` (the
+      connection is counted: CRUX_SOCK_LOOPBACK=1, as a job's connection to a peer host is;
+      the bit test and two atomic adds to the record), `not counted` (the loopback connection
+      left out: the bit test alone), CRUX_SOCK=0, and write() to /dev/null (a descriptor that
+      is no connection: what every other write of the job pays).
 
-    .venv/bin/python bench/sock.py [--iters N] [--repeat R]
+    .venv/bin/python bench/sock.py [--iters N] [--repeat R] [--send-bytes B]
 """
 
 from __future__ import annotations
@@ -76,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=20_000, help="iterations per variant and run")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--send-bytes", type=int, default=64, help="payload per send in (c)")
+    ap.add_argument("--only-send", action="store_true", help="(c) alone")
     args = ap.parse_args(argv)
     preamble()
     ensure_built(BUILD / "bench_sock", "sock")
@@ -83,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     base_env = {k: v for k, v in os.environ.items()
                 if not k.startswith("CRUX_") and k != "LD_PRELOAD"}
     n, r = str(args.iters), args.repeat
+    if args.only_send:
+        sends(lib, base_env, n, r, args.send_bytes)
+        return
     with tempfile.TemporaryDirectory() as d:
         dport, rows = free_port(), []
         env = {**base_env, "CRUX_JOB_ID": JOB, "CRUX_QP_DIR": d}
@@ -112,6 +123,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"\n(b) the real call: socket()+connect()+close() on loopback, 64 entries, {n} per "
           "variant and run")
     print(table(["interposer", "libc connect ns", "added ns"], rows))
+    sends(lib, base_env, n, r, args.send_bytes)
+
+
+def sends(lib: str, base_env: dict[str, str], n: str, r: int, size: int) -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        env = {**base_env, "LD_PRELOAD": lib, "CRUX_JOB_ID": JOB, "CRUX_QP_DIR": d,
+               "CRUX_DECISION_TABLE": str(Path(d) / "none")}
+        for name, mode, e in (
+                ("counted", "send", {**env, "CRUX_SOCK_LOOPBACK": "1"}),
+                ("not counted", "send", env),
+                ("CRUX_SOCK=0", "send", {**env, "CRUX_SOCK": "0"}),
+                ("write /dev/null", "write", env)):
+            base, add = added([mode, n, str(size)], e, r)
+            rows.append([name, f"{base:,.0f}", f"{add:,.0f}"])
+    print(f"\n(c) a send of {size} bytes: ns per call added to libc's, {n} calls per variant "
+          "and run")
+    print(table(["connection", "libc ns", "added ns"], rows))
 
 
 if __name__ == "__main__":

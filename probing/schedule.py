@@ -8,8 +8,11 @@ path whose port now leads elsewhere, or nowhere, is dropped. Only peers inside t
 fabric prefixes are ever probed.
 
 Where TCP is probed too, a path (a hop signature) may be reached by UDP ports, TCP
-ports or both: each known path carries both lists, and a TCP sweep starts from all of
-a path's known TCP ports (jobs hold several connections to one peer, one per port).
+ports or both: each known path carries its UDP ports and, per TCP destination port
+probed toward the peer (`PeerState.dports`: the jobs' listening ports there, and the
+[probing] tcp_dport), the TCP source ports onto it; switches hash both ports, so each
+destination port has its own set. A TCP sweep toward one destination port starts from
+all of its known source ports (jobs hold several connections to one peer, one per port).
 """
 
 from __future__ import annotations
@@ -26,7 +29,11 @@ class KnownPath:
     hops: tuple[str, ...]
     sports: tuple[int, ...]  # UDP (RoCEv2) source ports onto this path
     verified_unix_ms: int
-    tcp_sports: tuple[int, ...] = ()  # TCP source ports onto it, toward the probed dport
+    # (TCP destination port, the TCP source ports onto this path toward it), by port
+    tcp: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def tcp_sports(self, dport: int) -> tuple[int, ...]:
+        return next((sports for d, sports in self.tcp if d == dport), ())
 
 
 @dataclass
@@ -39,6 +46,7 @@ class PeerState:
     errors: int = 0
     last_error: str = ""
     due: float = 0.0  # monotonic seconds
+    dports: tuple[int, ...] = ()  # TCP destination ports each sweep probes toward
 
 
 @dataclass
@@ -55,9 +63,12 @@ class ProbeSchedule:
             return False
         return any(ip in net for net in self.prefixes)
 
-    def set_peers(self, peers: Mapping[str, Iterable[str]], now: float) -> bool:
+    def set_peers(self, peers: Mapping[str, Iterable[str]], now: float,
+                  dports: Mapping[str, tuple[int, ...]] | None = None) -> bool:
         """The peer hosts to keep probing, with their addresses (the first one inside
-        the fabric is probed). Returns whether the set changed."""
+        the fabric is probed) and the TCP destination ports to probe toward each (a new
+        port makes its peer due at once: a job waits for it). Returns whether the set of
+        peers changed."""
         wanted: dict[str, str] = {}
         self.refused = {}
         for host, addresses in peers.items():
@@ -74,9 +85,14 @@ class ProbeSchedule:
                 del self.peers[host]
         for host, address in wanted.items():
             old = self.peers.get(host)
+            want = (dports or {}).get(host, ())
             if old is None or old.address != address:
-                self.peers[host] = PeerState(host, address, due=now)
+                self.peers[host] = PeerState(host, address, due=now, dports=want)
                 changed = True
+            elif old.dports != want:
+                if set(want) - set(old.dports):
+                    old.due = min(old.due, now)
+                old.dports = want  # a port no longer wanted leaves with the next sweep
         return changed
 
     def request(self, hosts: Iterable[str], now: float) -> None:
@@ -94,38 +110,44 @@ class ProbeSchedule:
         skip = set(first)
         yield from (s for s in sweep_ports if s not in skip)
 
-    def tcp_sports(self, peer: PeerState, sweep_ports: Iterable[int]) -> Iterator[int]:
-        """Every known TCP port first (each keeps its path, so connections the shim
-        steered stay where the plan put them), then the sweep range (each port once)."""
-        first = [s for p in peer.paths for s in p.tcp_sports]
+    def tcp_sports(self, peer: PeerState, dport: int,
+                   sweep_ports: Iterable[int]) -> Iterator[int]:
+        """Every known TCP port toward `dport` first (each keeps its path, so connections
+        the shim steered stay where the plan put them), then the sweep range (each once)."""
+        first = [s for p in peer.paths for s in p.tcp_sports(dport)]
         yield from first
         skip = set(first)
         yield from (s for s in sweep_ports if s not in skip)
 
     @staticmethod
-    def known_tcp(peer: PeerState) -> dict[int, tuple[str, ...]]:
-        """TCP source port -> the hops it led to (re-verifies a port a job holds)."""
-        return {s: p.hops for p in peer.paths for s in p.tcp_sports}
+    def known_tcp(peer: PeerState, dport: int) -> dict[int, tuple[str, ...]]:
+        """TCP source port -> the hops it led to toward `dport` (re-verifies a port a job
+        holds)."""
+        return {s: p.hops for p in peer.paths for s in p.tcp_sports(dport)}
 
     def record(self, host: str, result: SweepResult, errors: int, last_error: str,
-               now: float, now_unix_ms: int, tcp: SweepResult | None = None) -> str:
-        """A finished sweep toward `host` (and its TCP sweep, if TCP is probed); returns
-        what changed in its paths or ports ("" when nothing did), for the log. Paths are
-        merged by hop signature."""
+               now: float, now_unix_ms: int,
+               tcp: Mapping[int, SweepResult] | None = None) -> str:
+        """A finished sweep toward `host` (and its TCP sweeps, by destination port);
+        returns what changed in its paths or ports ("" when nothing did), for the log.
+        Paths are merged by hop signature; a destination port not swept loses its ports."""
         peer = self.peers.get(host)
         if peer is None:  # dropped while it was being swept
             return ""
-        before = {p.hops: (p.sports, p.tcp_sports) for p in peer.paths}
-        tcp_paths = tcp.paths if tcp is not None else {}
-        peer.paths = tuple(KnownPath(hops, tuple(result.paths.get(hops, ())), now_unix_ms,
-                                     tuple(tcp_paths.get(hops, ())))
-                           for hops in sorted(result.paths.keys() | tcp_paths.keys()))
+        before = {p.hops: (p.sports, p.tcp) for p in peer.paths}
+        tcp = tcp or {}
+        hops_seen = set(result.paths).union(*(r.paths.keys() for r in tcp.values()))
+        peer.paths = tuple(
+            KnownPath(hops, tuple(result.paths.get(hops, ())), now_unix_ms,
+                      tuple((d, tuple(r.paths[hops])) for d, r in sorted(tcp.items())
+                            if r.paths.get(hops)))
+            for hops in sorted(hops_seen))
         peer.probed_unix_ms = now_unix_ms
-        peer.probes_sent = result.probes_sent + (tcp.probes_sent if tcp else 0)
-        peer.errors = errors + result.unanswered + (tcp.unanswered if tcp else 0)
+        peer.probes_sent = result.probes_sent + sum(r.probes_sent for r in tcp.values())
+        peer.errors = errors + result.unanswered + sum(r.unanswered for r in tcp.values())
         peer.last_error = last_error
         peer.due = now + self.interval_s
-        return _changes(before, {p.hops: (p.sports, p.tcp_sports) for p in peer.paths})
+        return _changes(before, {p.hops: (p.sports, p.tcp) for p in peer.paths})
 
     def failed(self, host: str, error: str, now: float, retry_s: float) -> None:
         """A sweep that could not run (socket error): try again after `retry_s`."""
@@ -136,7 +158,8 @@ class ProbeSchedule:
             peer.due = now + retry_s
 
 
-Ports = tuple[tuple[int, ...], tuple[int, ...]]  # a path's UDP and TCP source ports
+# a path's UDP source ports, and its TCP ones per destination port
+Ports = tuple[tuple[int, ...], tuple[tuple[int, tuple[int, ...]], ...]]
 
 
 def _changes(before: dict[tuple[str, ...], Ports], after: dict[tuple[str, ...], Ports],
@@ -151,9 +174,15 @@ def _changes(before: dict[tuple[str, ...], Ports], after: dict[tuple[str, ...], 
     for hops in moved[:most]:
         (u0, t0), (u1, t1) = before[hops], after[hops]
         via = hops[len(hops) // 2] if hops else "?"
-        parts.append(f"via {via}: UDP {list(u0)} -> {list(u1)}" if u0 != u1 else
-                     f"via {via}: TCP -{sorted(set(t0) - set(t1))} +{sorted(set(t1) - set(t0))}"
-                     + (" (reordered)" if set(t0) == set(t1) else ""))
+        if u0 != u1:
+            parts.append(f"via {via}: UDP {list(u0)} -> {list(u1)}")
+            continue
+        a, b = dict(t0), dict(t1)
+        for d in sorted(a.keys() | b.keys()):
+            x, y = set(a.get(d, ())), set(b.get(d, ()))
+            if a.get(d) != b.get(d):
+                parts.append(f"via {via}: TCP/{d} -{sorted(x - y)} +{sorted(y - x)}"
+                             + (" (reordered)" if x == y else ""))
     if len(moved) > most:
         parts.append(f"{len(moved) - most} more")
     return ", ".join(parts)

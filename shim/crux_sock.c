@@ -29,10 +29,13 @@
  * connections, or their TIME_WAIT: 60 s after each close) falls back to a kernel port; the first
  * such fallback of each route is said on stderr, always, once per process (a fixed table of
  * LOGGED_ROUTES routes; past it, fallbacks are counted, not said).
+ * The connections it connected or accepted are also the ones whose sent bytes it counts, for
+ * the agent's per-job measurement, and it records the ports the process listens on: that half
+ * is crux_sockbytes.c.
  *
  * Environment: CRUX_JOB_ID, CRUX_DECISION_TABLE (default /run/crux/decisions), CRUX_QP_DIR
  * (default: the table's directory + /qps), CRUX_SOCK=0 (off), CRUX_SHIM_LOG=1 (one stderr line
- * per counted connect).
+ * per counted connect), CRUX_SOCK_LOOPBACK=1 (count bytes to loopback peers too).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -53,6 +56,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crux_sock_state.h"
 #include "crux_sockrec.h"
 #include "crux_table.h"
 #include "crux_tablemap.h"
@@ -206,7 +210,27 @@ static struct crux_sockrec *rec_file(void)
     /* The magic last: a reader that sees it sees a complete header. */
     atomic_store_explicit((_Atomic uint64_t *)&r->magic, CRUX_SOCKREC_MAGIC,
                           memory_order_release);
-    st.rec = r;
+    __atomic_store_n(&st.rec, r, __ATOMIC_RELEASE); /* crux_sock_record reads it unlocked */
+    return r;
+}
+
+int crux_sock_job_counted(void)
+{
+    pthread_once(&once, init_once);
+    return !st.off && st.job[0] != '\0';
+}
+
+struct crux_sockrec *crux_sock_record(void)
+{
+    struct crux_sockrec *r = __atomic_load_n(&st.rec, __ATOMIC_ACQUIRE);
+    if (r != NULL || in_steer)
+        return r;
+    pthread_once(&once, init_once);
+    in_steer = 1;
+    pthread_mutex_lock(&lock);
+    r = rec_file();
+    pthread_mutex_unlock(&lock);
+    in_steer = 0;
     return r;
 }
 
@@ -406,6 +430,7 @@ static void mark_accepted(int fd)
         || !peer_of((struct sockaddr *)&peer_addr, plen, peer, &pport)
         || getsockname(fd, (struct sockaddr *)&self, &slen) != 0)
         return;
+    crux_sockbytes_track(fd, peer); /* its sends count for the job, decision or none */
     struct crux_table_entry e;
     int outcome = -1;
     in_steer = 1;
@@ -512,6 +537,10 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
     int saved = errno; /* the program sees the real connect's errno, never ours */
     struct crux_sock_steered o;
     crux_sock_steer(fd, addr, len, &o);
+    uint8_t peer[16];
+    uint16_t dport;
+    if (o.outcome >= 0 && peer_of(addr, len, peer, &dport)) /* a new TCP connection */
+        crux_sockbytes_track(fd, peer);
     errno = saved;
     if (real_connect == NULL) /* no next definition: call the kernel ourselves */
         return (int)syscall(SYS_connect, fd, addr, len);

@@ -22,8 +22,9 @@
 #include <sys/socket.h>
 
 #define CRUX_SOCKREC_MAGIC 0x314B4F5358555243ULL /* "CRUXSOK1" read as a little-endian u64 */
-#define CRUX_SOCKREC_VERSION 1
-#define CRUX_SOCKREC_SIZE 256
+#define CRUX_SOCKREC_VERSION 2
+#define CRUX_SOCKREC_SIZE 512
+#define CRUX_SOCKREC_LISTEN_PORTS 16 /* distinct listening ports kept, the first ones */
 #define CRUX_SOCKREC_COUNTERS 16 /* counter slots; outcomes past CRUX_SOCK_OUT_COUNT stay 0 */
 #define CRUX_SOCKREC_PREFIX "sock-"
 
@@ -55,7 +56,13 @@ struct crux_sockrec {
     uint64_t created_ns;   /* CLOCK_REALTIME when the file was made */
     uint64_t accepts;      /* accepted TCP connections given the class of their peer's
                               decision (0 from a writer that predates it: it was reserved) */
-    uint8_t reserved[16];
+    /* version 2 (crux_sockbytes.c) */
+    uint64_t bytes_sent;   /* payload bytes sent on the TCP connections this process connected
+                              or accepted (loopback peers left out), monotonic */
+    uint64_t send_calls;   /* the send/sendto/sendmsg/write/writev calls that sent them */
+    uint16_t listen_ports[CRUX_SOCKREC_LISTEN_PORTS]; /* distinct TCP ports this process
+                              listen()ed on, not on loopback; 0: an empty slot */
+    uint8_t reserved[224];
 };
 
 _Static_assert(offsetof(struct crux_sockrec, version) == 8, "sockrec version offset");
@@ -66,6 +73,10 @@ _Static_assert(offsetof(struct crux_sockrec, job_id) == 32, "sockrec job_id offs
 _Static_assert(offsetof(struct crux_sockrec, counters) == 96, "sockrec counters offset");
 _Static_assert(offsetof(struct crux_sockrec, created_ns) == 224, "sockrec created offset");
 _Static_assert(offsetof(struct crux_sockrec, accepts) == 232, "sockrec accepts offset");
+_Static_assert(offsetof(struct crux_sockrec, bytes_sent) == 240, "sockrec bytes_sent offset");
+_Static_assert(offsetof(struct crux_sockrec, send_calls) == 248, "sockrec send_calls offset");
+_Static_assert(offsetof(struct crux_sockrec, listen_ports) == 256, "sockrec listen_ports offset");
+_Static_assert(offsetof(struct crux_sockrec, reserved) == 288, "sockrec reserved offset");
 _Static_assert(sizeof(struct crux_sockrec) == CRUX_SOCKREC_SIZE, "sockrec size");
 _Static_assert(CRUX_SOCK_OUT_COUNT <= CRUX_SOCKREC_COUNTERS, "outcomes fit the counters");
 

@@ -84,11 +84,13 @@ def test_a_sweep_says_what_changed() -> None:
     r = SweepResult("a", {("l", "s0"): [49152]})
     assert s.record("a", r, 0, "", 1.0, 1000) == "1 new path(s)"
     tcp = SweepResult("a", {("l", "s0"): [61001, 61002]})
-    assert s.record("a", r, 0, "", 2.0, 2000, tcp) == "via s0: TCP -[] +[61001, 61002]"
+    assert s.record("a", r, 0, "", 2.0, 2000, {5201: tcp}) == (
+        "via s0: TCP/5201 -[] +[61001, 61002]")
     moved = SweepResult("a", {("l", "s0"): [61002, 61001]})
-    assert s.record("a", r, 0, "", 3.0, 3000, moved) == "via s0: TCP -[] +[] (reordered)"
+    assert s.record("a", r, 0, "", 3.0, 3000, {5201: moved}) == (
+        "via s0: TCP/5201 -[] +[] (reordered)")
     two = SweepResult("a", {("l", "s1"): [49153]})
-    assert s.record("a", two, 0, "", 4.0, 4000, moved) == (
+    assert s.record("a", two, 0, "", 4.0, 4000, {5201: moved}) == (
         "1 new path(s), via s0: UDP [49152] -> []")  # s0 stays, by its TCP ports
     assert s.record("a", two, 0, "", 5.0, 5000) == "1 path(s) gone"
     assert s.record("a", two, 0, "", 6.0, 6000) == ""

@@ -69,6 +69,20 @@ def test_testbed96_shows_crux_gaining_over_ecmp(capsys: pytest.CaptureFixture[st
     assert all(math.isclose(j["slowdown"], 1.0, abs_tol=0.01) for j in crux["per_job"])
 
 
+def test_the_multijob_rig_loses_a_tenth_to_ecmp_collisions_and_crux_recovers_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Two jobs on every host (each host's GPUs shared, each ring through one NIC): ECMP
+    puts both GPTs on one spine, crux keeps them apart (bench/testbed.py runs it live)."""
+    path = EXAMPLES / "testbed-multijob-rig.json"
+    hosts = [h for j in _doc(path)["jobs"] for h in j["hosts"]]
+    assert all(hosts.count(h) == 2 for h in hosts)
+    results = {r["policy"]: r for r in simulate(str(path), capsys)["results"]}
+    ecmp, crux = results["ecmp"]["gpu_utilization"], results["crux-full"]["gpu_utilization"]
+    assert crux >= 1.10 * ecmp and crux >= 0.95, (ecmp, crux)
+    slow = {j["job"]: j["slowdown"] for j in results["ecmp"]["per_job"]}
+    assert slow["gpt-a"] > 1.1 and slow["gpt-b"] > 1.1  # the two GPTs share a spine
+
+
 def test_examples_copy_of_testbed96_is_the_bundled_one() -> None:
     assert (EXAMPLES / "testbed96-colocation.json").read_bytes() == \
         (BUNDLED / "testbed96.json").read_bytes()

@@ -185,10 +185,12 @@ def test_qp_records(raw: bytes) -> None:
 
 @st.composite
 def sock_bytes(draw: st.DrawFn) -> bytes:
-    raw = struct.pack("=QIIIIQ64s16QQ24x", sock_records.MAGIC, sock_records.VERSION,
-                      sock_records.SIZE, 9, draw(st.integers(0, 2**32 - 1)), 3,
-                      draw(st.binary(max_size=64)), *range(16), 5)
-    return variant(draw, raw, 300)
+    version = draw(st.sampled_from(sorted(sock_records.SIZES)))
+    raw = struct.pack("=QIIIIQ64s16QQQQQ16H224x", sock_records.MAGIC, version,
+                      sock_records.SIZES[version], 9, draw(st.integers(0, 2**32 - 1)), 3,
+                      draw(st.binary(max_size=64)), *range(16), 5, 0, 7, 1,
+                      *draw(st.lists(st.integers(0, 2**16 - 1), min_size=16, max_size=16)))
+    return variant(draw, raw, 600)
 
 
 @budget(300)
@@ -200,6 +202,7 @@ def test_sock_records(raw: bytes) -> None:
     except sock_records.SockRecordError:
         return
     assert len(got.counters) <= sock_records.COUNTERS and len(got.job_id) <= 64
+    assert len(got.listen_ports) <= sock_records.LISTEN_PORTS and 0 not in got.listen_ports
 
 
 @budget(30)

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cruxd.agent.measuring import LiveMeasurement
-from cruxd.agent.proc_tree import belongs
+from cruxd.agent.process_tree import belongs
 from cruxd.config.model import MeasureConfig
 from cruxd.control.records import HostPlan, JobAssignment, JobState, LocalJob, Measurement
 from cruxd.measure.estimate import JobEstimate, drifted, estimate_job

@@ -27,6 +27,7 @@ from cruxd.control.records import (
     ProbedPath,
 )
 from cruxd.control.validate import InvalidMessage, check_host_plan, check_report
+from cruxd.model.view import TcpPortSet
 from cruxd.rpc import convert
 from probing.schedule import ProbeSchedule
 from probing.sweep import SweepResult
@@ -40,7 +41,7 @@ def tcp_table(src: int, dst: int) -> PathTable:
     """Both spines, each with its UDP port and three TCP ports toward 5201."""
     return PathTable(f"h{dst}", tuple(
         ProbedPath(hops(src, dst, s), (49152 + 16 * s + dst,), 1000,
-                   tuple(p + 100 * s + dst for p in TCP), 5201) for s in range(2)),
+                   (TcpPortSet(5201, tuple(p + 100 * s + dst for p in TCP)),)) for s in range(2)),
         addr(dst), 1000, 8)
 
 
@@ -48,8 +49,7 @@ def test_the_route_carries_the_tcp_ports_of_the_chosen_path() -> None:
     def table_of(k: int, peer: int) -> PathTable:
         table = tcp_table(k, peer)
         if k == 3:  # h3 probed TCP on neither path: its route keeps only the UDP port
-            table = replace(table, paths=tuple(replace(p, tcp_sports=(), tcp_dport=0)
-                                               for p in table.paths))
+            table = replace(table, paths=tuple(replace(p, tcp=()) for p in table.paths))
         return table
 
     s = state(table_of=table_of)
@@ -82,29 +82,49 @@ def test_the_route_carries_the_tcp_ports_of_the_chosen_path() -> None:
 def test_reports_with_tcp_ports_convert_and_validate() -> None:
     r = AgentReport(HostInventory("h0"), paths=(tcp_table(0, 2),))
     back = convert.report_from_pb(convert.report_to_pb(r))
-    assert back == r and back.paths[0].paths[1].tcp_sports == (61105, 61106, 61109)
+    assert back == r and back.paths[0].paths[1].tcp == (TcpPortSet(5201, (61105, 61106, 61109)),)
     assert check_report(back) is back
+    # fields 4/5 carry the first set for a leader from before the sets, and an agent from
+    # before them (fields 4/5 alone) reads as one set
+    wire = convert.report_to_pb(r)
+    assert (wire.paths[0].paths[1].tcp_dport, list(wire.paths[0].paths[1].tcp_sports)) == (
+        5201, [61105, 61106, 61109])
+    for path in wire.paths[0].paths:
+        del path.tcp[:]
+    assert convert.report_from_pb(wire) == r
 
 
-def _with_path(**tcp: object) -> AgentReport:
-    path = replace(ProbedPath(("a", "b"), (49152,)), **tcp)  # type: ignore[arg-type]
+def test_several_destination_ports_per_path_cross_the_wire() -> None:
+    sets = (TcpPortSet(5301, (61000, 61001)), TcpPortSet(5302, (61005,)))
+    r = AgentReport(HostInventory("h0"), paths=(PathTable("h1", (ProbedPath(
+        ("a", "b"), (49152,), 5, sets),)),))
+    back = convert.report_from_pb(convert.report_to_pb(r))
+    assert back == r and check_report(back) is back
+
+
+def _with_path(*tcp: TcpPortSet) -> AgentReport:
+    path = ProbedPath(("a", "b"), (49152,), tcp=tcp)
     return AgentReport(HostInventory("h0"), paths=(PathTable("h1", (path,)),))
 
 
+P = "paths[0].paths[0].tcp"
+
+
 @pytest.mark.parametrize(("tcp", "field", "why"), [
-    ({"tcp_sports": tuple(range(61000, 61009)), "tcp_dport": 5201},
-     "paths[0].paths[0].tcp_sports", "9 entries, at most 8"),
-    ({"tcp_sports": (0,), "tcp_dport": 5201}, "paths[0].paths[0].tcp_sports[0]", "range"),
-    ({"tcp_sports": (70000,), "tcp_dport": 5201}, "paths[0].paths[0].tcp_sports[0]", "range"),
-    ({"tcp_sports": (61000, 61000), "tcp_dport": 5201}, "paths[0].paths[0].tcp_sports[1]",
-     "duplicate"),
-    ({"tcp_sports": (61000,), "tcp_dport": 0}, "paths[0].paths[0].tcp_dport", "probed for"),
-    ({"tcp_dport": 65536}, "paths[0].paths[0].tcp_dport", "range"),
+    ((TcpPortSet(5201, tuple(range(61000, 61009))),), f"{P}[0].sports", "9 entries, at most 8"),
+    ((TcpPortSet(5201, (0,)),), f"{P}[0].sports[0]", "range"),
+    ((TcpPortSet(5201, (70000,)),), f"{P}[0].sports[0]", "range"),
+    ((TcpPortSet(5201, (61000, 61000)),), f"{P}[0].sports[1]", "duplicate"),
+    ((TcpPortSet(0, (61000,)),), f"{P}[0].dport", "range"),
+    ((TcpPortSet(65536, (61000,)),), f"{P}[0].dport", "range"),
+    ((TcpPortSet(5201, ()),), f"{P}[0].sports", "empty"),
+    ((TcpPortSet(5201, (61000,)), TcpPortSet(5201, (61001,))), f"{P}[1]", "duplicate"),
+    (tuple(TcpPortSet(d, (61000,)) for d in range(1, 35)), P, "34 entries, at most 33"),
 ])
-def test_bad_tcp_ports_in_a_report_are_refused_by_field(tcp: dict[str, object], field: str,
-                                                         why: str) -> None:
+def test_bad_tcp_ports_in_a_report_are_refused_by_field(tcp: tuple[TcpPortSet, ...],
+                                                         field: str, why: str) -> None:
     with pytest.raises(InvalidMessage, match=why) as e:
-        check_report(_with_path(**tcp))
+        check_report(_with_path(*tcp))
     assert e.value.field == field
 
 
@@ -127,17 +147,19 @@ def test_schedule_merges_udp_and_tcp_paths_by_hop_signature() -> None:
     s.set_peers({"h1": ["10.2.1.2"]}, now=0.0)
     udp = SweepResult("h1", {("l0", "s0"): [49152], ("l0", "s1"): [49153]})
     tcp = SweepResult("h1", {("l0", "s1"): [61001, 61002], ("l0", "s2"): [61000]})
-    assert s.record("h1", udp, 0, "", 1.0, 1000, tcp)
-    paths = {p.hops: (p.sports, p.tcp_sports) for p in s.peers["h1"].paths}
+    assert s.record("h1", udp, 0, "", 1.0, 1000, {5201: tcp})
+    paths = {p.hops: (p.sports, p.tcp_sports(5201)) for p in s.peers["h1"].paths}
     assert paths == {("l0", "s0"): ((49152,), ()), ("l0", "s1"): ((49153,), (61001, 61002)),
                      ("l0", "s2"): ((), (61000,))}
-    assert not s.record("h1", udp, 0, "", 2.0, 2000, tcp)  # same ports: no change
-    assert s.record("h1", udp, 0, "", 3.0, 3000, SweepResult("h1"))  # TCP ports gone
-    s.record("h1", udp, 0, "", 4.0, 4000, tcp)
+    assert not s.record("h1", udp, 0, "", 2.0, 2000, {5201: tcp})  # same ports: no change
+    assert s.record("h1", udp, 0, "", 3.0, 3000, {5201: SweepResult("h1")})  # TCP ports gone
+    s.record("h1", udp, 0, "", 4.0, 4000, {5201: tcp})
     peer = s.peers["h1"]
-    assert list(s.tcp_sports(peer, range(60999, 61003))) == [61001, 61002, 61000, 60999]
-    assert s.known_tcp(peer) == {61001: ("l0", "s1"), 61002: ("l0", "s1"),
-                                 61000: ("l0", "s2")}
+    assert list(s.tcp_sports(peer, 5201, range(60999, 61003))) == [61001, 61002, 61000, 60999]
+    assert list(s.tcp_sports(peer, 5301, range(61000, 61002))) == [61000, 61001]
+    assert s.known_tcp(peer, 5201) == {61001: ("l0", "s1"), 61002: ("l0", "s1"),
+                                       61000: ("l0", "s2")}
+    assert s.known_tcp(peer, 5301) == {}
 
 
 class _Prober(HashProber):
@@ -154,7 +176,8 @@ def test_the_agent_sweeps_tcp_too_and_reports_both_per_path() -> None:
                        'tcp_sports = "61000-61999"\ntcp_ports_per_path = 4\n', "<t>").probing
     known: list[Mapping[int, tuple[str, ...]]] = []
 
-    def tcp_factory(address: str, k: Mapping[int, tuple[str, ...]]) -> _Prober:
+    def tcp_factory(address: str, dport: int, k: Mapping[int, tuple[str, ...]]) -> _Prober:
+        assert dport == 5201
         known.append(dict(k))
         return _Prober(2, seed=11)  # TCP hashes differently from UDP: its own ports
 
@@ -169,8 +192,8 @@ def test_the_agent_sweeps_tcp_too_and_reports_both_per_path() -> None:
         first = sp.paths()[0]
         assert len(first.paths) == 2 and sp.name == "sweep (ttl, tcp/5201)"
         for p in first.paths:
-            assert len(p.sports) == 1 and len(p.tcp_sports) == 4 and p.tcp_dport == 5201
-            assert all(61000 <= x <= 61999 for x in p.tcp_sports)
+            assert len(p.sports) == 1 and [t.dport for t in p.tcp] == [5201]
+            assert len(p.tcp[0].sports) == 4 and all(61000 <= x <= 61999 for x in p.tcp[0].sports)
         check_report(AgentReport(HostInventory("h0"), paths=(first,)))
         sp.schedule.request(["h1"], 0.0)  # sweep again: the known TCP ports are kept
         sp._wake.set()
@@ -188,6 +211,7 @@ def test_the_agent_sweeps_tcp_too_and_reports_both_per_path() -> None:
 def test_tcp_probing_config() -> None:
     p = parse_config("[probing]\n", "<t>").probing
     assert (p.tcp_dport, p.tcp_sports, p.tcp_ports_per_path) == (0, (61000, 65535), 8)
+    assert p.tcp_dports_per_peer == 8
 
 
 def test_a_replan_on_the_same_paths_keeps_the_ports() -> None:
@@ -198,9 +222,9 @@ def test_a_replan_on_the_same_paths_keeps_the_ports() -> None:
 
     def resweep(k: int, peer: int) -> PathTable:
         t = tcp_table(k, peer)
-        return replace(t, paths=tuple(replace(p, sports=(p.sports[0] + 1000, *p.sports),
-                                              tcp_sports=(61999, *reversed(p.tcp_sports)))
-                                      for p in t.paths))
+        return replace(t, paths=tuple(replace(
+            p, sports=(p.sports[0] + 1000, *p.sports),
+            tcp=(TcpPortSet(5201, (61999, *reversed(p.tcp[0].sports))),)) for p in t.paths))
 
     inputs = plan_inputs(state(table_of=resweep), 2.0)
     fresh = make_plan(inputs, None, FOUR_LEVELS, 2, 2.0)
@@ -212,7 +236,7 @@ def test_a_replan_on_the_same_paths_keeps_the_ports() -> None:
     def lose(k: int, peer: int) -> PathTable:  # each path's first UDP and TCP port gone
         t = tcp_table(k, peer)
         return replace(t, paths=tuple(replace(p, sports=(p.sports[0] + 1000,),
-                                              tcp_sports=p.tcp_sports[1:])
+                                              tcp=(TcpPortSet(5201, p.tcp[0].sports[1:]),))
                                       for p in t.paths))
 
     moved = make_plan(plan_inputs(state(table_of=lose), 3.0), None, FOUR_LEVELS, 3, 3.0,

@@ -82,21 +82,30 @@ def test_a_ring_rebuilds_only_for_a_decision_its_connection_does_not_carry(
 
 
 def test_levels_only_agents_probe_a_port_the_rings_do_not_use(tmp_path: Path) -> None:
-    assert OTHER_PORT != RING_PORT
+    assert OTHER_PORT < RING_PORT  # every job's ring port is RING_PORT + k
     for host in ("h0", "h1"):
-        cfg = agent_config(Fabric(), host, tmp_path, 3, dport=OTHER_PORT)
+        cfg = agent_config(Fabric(), host, tmp_path, 3, levels_only=True)
         assert cfg["probing"]["tcp_dport"] == OTHER_PORT
-    assert agent_config(Fabric(), "h1", tmp_path, 3)["probing"]["tcp_dport"] == RING_PORT
+        assert cfg["probing"]["tcp_dports_per_peer"] == 0  # and toward no job's port
+    # crux's modes probe toward the ports the jobs declare (crux-run --tcp-port) alone
+    assert "tcp_dport" not in agent_config(Fabric(), "h1", tmp_path, 3)["probing"]
 
 
-def test_a_plan_counts_as_ready_only_with_ports_toward_the_probed_port() -> None:
+def test_a_plan_counts_as_ready_only_with_ports_toward_each_jobs_own_port() -> None:
     from tests.rig.testbed import EmuJob
-    job = EmuJob("j", ("h0", "h1"), 8, 1.0, 0.3, 1000)
-    route = {"tcp_dport": OTHER_PORT, "tcp_sports": [40001]}
-    doc = {"cluster": {"jobs": [{"job_id": "j", "state": "JOB_STATE_SCHEDULED",
-                                 "routes": [route, route]}]}}
-    assert planned(doc, (job,), dport=OTHER_PORT) is not None
-    assert planned(doc, (job,)) is None  # crux's modes wait for ports toward the ring
+    a = EmuJob("a", ("h0", "h1"), 8, 1.0, 0.3, 1000, port=RING_PORT)
+    b = EmuJob("b", ("h0", "h1"), 8, 1.0, 0.3, 1000, port=RING_PORT + 1)
+
+    def doc(port_a: int, port_b: int, sports: list[int]) -> dict[str, object]:
+        return {"cluster": {"jobs": [
+            {"job_id": j, "state": "JOB_STATE_SCHEDULED",
+             "routes": [{"sport": 49152, "tcp_dport": p, "tcp_sports": sports}] * 2}
+            for j, p in (("a", port_a), ("b", port_b))]}}
+    assert planned(doc(RING_PORT, RING_PORT + 1, [40001]), (a, b)) is not None
+    assert planned(doc(RING_PORT, RING_PORT, [40001]), (a, b)) is None  # b's is a's port
+    assert planned(doc(RING_PORT, RING_PORT + 1, []), (a, b)) is None  # not probed yet
+    # levels-only waits for the probed paths alone: no job's port is probed there
+    assert planned(doc(RING_PORT, RING_PORT + 1, []), (a, b), steered=False) is not None
 
 
 def test_paths_only_is_replayed_on_one_level_the_others_on_the_plans(

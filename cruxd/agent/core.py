@@ -17,6 +17,7 @@ from cruxd import __version__
 from cruxd.agent.dataplane import DataPlane
 from cruxd.agent.first_decisions import FirstDecisions
 from cruxd.agent.inventory import discover_nics, gpu_count
+from cruxd.agent.job_ports import merge_ports, read_learned
 from cruxd.agent.job_store import JobStore
 from cruxd.agent.leader_finder import LeaderFinder
 from cruxd.agent.local_api import AgentStatus, Refusal, Refused, StartInfo
@@ -131,10 +132,12 @@ class Agent:
         jobs = self.registry.jobs()
         self.measurement.forget({j.job_id for j in jobs})
         busy = self.dataplane.ports_busy([j.job_id for j in jobs])
+        learned = read_learned(self.dataplane.qp_dir, self.registry.owner_uid) if jobs else {}
         return [replace(job, measurement=self.measurement.measure(
             job, self.registry.hints(job.job_id)),
             request_profiling=self.measurement.wants_profile(job.job_id),
-            tcp_ports_busy=busy.get(job.job_id, 0))
+            tcp_ports_busy=busy.get(job.job_id, 0),
+            tcp_ports=merge_ports(job.tcp_ports, learned.get(job.job_id, ())))
             for job in jobs]
 
     def inventory(self) -> HostInventory:

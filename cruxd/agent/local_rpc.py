@@ -43,7 +43,7 @@ class LocalRpc:
         if kind == "register":
             r = req.register
             job = LocalJob(r.job_id, r.gpus, r.node_rank, r.nnodes or 1,
-                           command=r.command[:MAX_COMMAND])
+                           command=r.command[:MAX_COMMAND], tcp_ports=tuple(r.tcp_ports))
             agent.register(job, convert.measurement_from_pb(r.hints), cred)
             reply.registered.CopyFrom(apb.RegisterReply(
                 job_id=job.job_id, decision_table=str(agent.config.agent.decision_table),

@@ -7,8 +7,11 @@ reports; it takes the job's share of both over the last window:
 
 * traffic: the RDMA ports the job's QPs use (the shim's records name device and port);
   a job without QP records (TCP, or no shim) gets the netdevs' counters. Counters shared by
-  several jobs mix their traffic; the period estimator then follows the stronger job, which
-  is why the leader profiles one job at a time with the top priority;
+  several jobs mix their traffic; the period estimator then follows the stronger job. So on
+  a host with several jobs, a job whose processes count their own bytes (the TCP
+  interposer's records, sampled with the NIC counters: cruxd/measure/sampling/job_bytes.py)
+  is measured from those instead, and its figures say so (source `nvml+sock`); the NIC
+  counters stay for a host's only job and for jobs without such counters;
 * GPUs: the devices NVML lists for the job's processes (its registered pid and their
   descendants); with no process list (replay, or NVML without permission) a host's only
   job gets all of them.
@@ -33,12 +36,12 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cruxd.agent.inventory import netdevs_for
-from cruxd.agent.proc_tree import belongs
+from cruxd.agent.process_tree import belongs
 from cruxd.agent.sources import MeasurementDefaults
 from cruxd.config.model import MeasureConfig
 from cruxd.control.records import (
@@ -53,6 +56,7 @@ from cruxd.measure.estimate import SHORT_BURSTS, JobEstimate, drifted, estimate_
 from cruxd.measure.gpu_work import GpuInfo, GpuSample
 from cruxd.measure.sampling.csampler import BatchSampler, SamplerUnavailable
 from cruxd.measure.sampling.gpu import GpuBackend, NvmlUnavailable, open_backend
+from cruxd.measure.sampling.job_bytes import JobBytes, JobCounterSource
 from cruxd.measure.sampling.links import PortLinks
 from cruxd.measure.sampling.nic import Counter, CounterReader, net_counters, rdma_counters
 from cruxd.measure.window import CounterWindow
@@ -60,6 +64,7 @@ from transport.qp_records import ProcessRecords
 
 LOG = logging.getLogger(__name__)
 SOURCE = "nvml+nic"
+NIC = "nic"  # the kind of traffic source that is the host's NIC counters, not a job's own
 
 
 @dataclass
@@ -73,6 +78,8 @@ class _JobTrack:
     wants_profile: bool = False
     counters: tuple[str, ...] = field(default_factory=tuple)
     warned: bool = False  # about bursts too short for the sampling rate
+    source: str = SOURCE  # where `last` was measured
+    profiled_source: str = SOURCE  # where `profiled` was
 
 
 class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
@@ -80,7 +87,8 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
                  owners: Callable[[str], Iterable[int]],
                  qp_records: Callable[[], list[ProcessRecords]],
                  job_count: Callable[[], int],
-                 drift: float = 0.25, drift_windows: int = 3) -> None:
+                 drift: float = 0.25, drift_windows: int = 3, *,
+                 job_sources: Sequence[JobCounterSource] = ()) -> None:
         self.cfg = cfg
         self.owners, self.qp_records, self.job_count = owners, qp_records, job_count
         self.drift, self.drift_windows = drift, drift_windows
@@ -96,6 +104,9 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
         self.gpu_samples: deque[GpuSample] = deque(
             maxlen=max(2, math.ceil(2 * cfg.window_s / cfg.gpu_interval_s)))
         self.tracks: dict[str, _JobTrack] = {}
+        # each job's own bytes, for hosts that run several (sampled with the NIC counters)
+        self.job_bytes = JobBytes(job_sources, cfg.rate_hz, 2 * cfg.window_s, owners,
+                                  belongs) if job_sources else None
         self.ports = PortLinks(root, [c.name for c in self.counters])
         self._links_at = time.monotonic()  # the last reading links() has looked at
         self._last_links: dict[str, float] = {}  # utilisation by port, as last reported
@@ -111,10 +122,16 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
     def start(self) -> None:
         if not self.counters:
             LOG.warning("live measurement: no NIC counters under %s (interfaces %s); t_j "
-                        "stays unknown", self.cfg.sysfs or "/sys", self.cfg.interfaces or "auto")
+                        "stays unknown%s", self.cfg.sysfs or "/sys", self.cfg.interfaces or
+                        "auto", " but for jobs that count their own bytes"
+                        if self.job_bytes is not None else "")
         else:
             LOG.info("live measurement: %d counter(s) at %g Hz: %s", len(self.counters),
                      self.cfg.rate_hz, ", ".join(c.name for c in self.counters))
+        if self.job_bytes is not None:
+            LOG.info("live measurement: per-job byte counters from %s",
+                     ", ".join(s.kind for s in self.job_bytes.sources))
+        if self.counters or self.job_bytes is not None:
             self._spawn("crux-nic-sampler", self._nic_loop)
         self.gpu = self._open_gpu()
         if self.gpu is not None:
@@ -124,7 +141,8 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
     @property
     def failed_cycles(self) -> int:
         """Counter readings and GPU samples that failed (each logged once per cause)."""
-        return self._reader.failed + self._gpu_failures
+        own = self.job_bytes.failed if self.job_bytes is not None else 0
+        return self._reader.failed + self._gpu_failures + own
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
@@ -150,7 +168,8 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
     def _nic_loop(self) -> None:
         if self.cfg.sampler == "auto":
             try:
-                self._batch = BatchSampler(self.counters, self.cfg.rate_hz, self._reader)
+                self._batch = BatchSampler(self.counters, self.cfg.rate_hz, self._reader,
+                                           job_bytes=self.job_bytes)
             except SamplerUnavailable as exc:
                 LOG.warning("C sampler unavailable (%s); sampling in Python, which costs "
                             "more CPU at %g Hz", exc, self.cfg.rate_hz)
@@ -160,20 +179,29 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
                 try:
                     self._batch.run(self.window, self._stop)
                 finally:
-                    self._reader.close()
+                    self._close_readers()
                 return
         self.sampler = "python"
         reader, period = self._reader, 1.0 / self.cfg.rate_hz
         next_t = time.monotonic()
         while not self._stop.is_set():
-            self.window.add(time.monotonic(), [reader.read_or_none(c) for c in self.counters])
+            now = time.monotonic()
+            if self.counters:
+                self.window.add(now, [reader.read_or_none(c) for c in self.counters])
+            if self.job_bytes is not None:
+                self.job_bytes.sample(now)
             next_t += period
             delay = next_t - time.monotonic()
             if delay < -period:  # fell behind (suspended?): restart the grid, leave a gap
                 next_t = time.monotonic()
             elif delay > 0 and self._stop.wait(delay):
                 break
-        reader.close()
+        self._close_readers()
+
+    def _close_readers(self) -> None:
+        self._reader.close()
+        if self.job_bytes is not None:
+            self.job_bytes.close()
 
     def _gpu_loop(self) -> None:
         assert self.gpu is not None
@@ -205,13 +233,30 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
         for jid in list(self.tracks):
             if jid not in live:
                 del self.tracks[jid]
+        if self.job_bytes is not None:
+            self.job_bytes.forget(live)
 
-    def job_counters(self, job_id: str) -> tuple[str, ...]:
-        ports = {f"rdma:{q.device}/{q.port}" for r in self.qp_records() if r.job_id == job_id
+    def job_counters(self, job_id: str, records: list[ProcessRecords] | None = None
+                     ) -> tuple[str, ...]:
+        if records is None:
+            records = self.qp_records()
+        ports = {f"rdma:{q.device}/{q.port}" for r in records if r.job_id == job_id
                  for q in r.qps}
         have = {c.name for c in self.counters}
         mine = tuple(sorted(ports & have))
         return mine or tuple(c.name for c in self.net)
+
+    def job_source(self, job_id: str, records: list[ProcessRecords] | None = None) -> str:
+        """Where the job's traffic is read: NIC (the host's counters), or the kind of its own
+        per-job counters ("sock": its processes' TCP bytes) when the host runs several jobs
+        and the job's processes have such counters. An RDMA job (QP records) only takes a
+        per-QP source ("qp"), never its TCP side channel's bytes."""
+        if self.job_bytes is None or self.job_count() <= 1:
+            return NIC
+        if records is None:
+            records = self.qp_records()
+        kind = "qp" if any(r.job_id == job_id for r in records) else "sock"
+        return kind if self.job_bytes.counted(kind, job_id) else NIC
 
     def job_devices(self, job_id: str) -> set[int]:
         owners = set(self.owners(job_id))
@@ -231,20 +276,27 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
         if not fresh and now - track.at < 1.0:
             return track.last
         track.at = now
-        names = self.job_counters(job_id)
+        records = self.qp_records()
+        kind = self.job_source(job_id, records)
+        names = self.job_counters(job_id, records) if kind == NIC else (f"{kind}:{job_id}",)
         track.counters = names
         if not names:
             return None
         since = now - self.cfg.window_s
         if track.profiling_since is not None:
             since = max(since, track.profiling_since + self.cfg.settle_s)
-        start, rates = self.window.rates(names, since)
+        if kind == NIC:
+            start, rates = self.window.rates(names, since)
+        else:
+            assert self.job_bytes is not None
+            start, rates = self.job_bytes.rates(kind, job_id, since)
         if rates.size == 0 or math.isnan(start):
             return None
         gpu = [s for s in self.gpu_samples if s.t >= start]
         est = estimate_job(rates, self.cfg.rate_hz, gpu, self.inventory,
                            self.job_devices(job_id))
         if est is not None:
+            track.source = SOURCE if kind == NIC else f"nvml+{kind}"
             self._track(track, est, now)
             if SHORT_BURSTS in est.note and track.profiled is est and not track.warned:
                 track.warned = True
@@ -255,6 +307,7 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
         track.last = est
         if track.profiling_since is not None:
             track.profiled, track.drifted = est, 0
+            track.profiled_source = track.source
             return
         ref = track.profiled
         if ref is None or now - track.drift_at < self.cfg.window_s / 2:
@@ -277,9 +330,10 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
         # all of it from the profile: W_j read under contention is inflated wherever the
         # GPU looks busy while it waits (see the module docstring)
         w = best.flops_per_iter or (track.last.flops_per_iter if track.last else 0.0)
+        source = track.profiled_source if track.profiled else track.source + " (unprofiled)"
         return Measurement(flops_per_iter=w, comm_s=best.comm_s, period_s=best.period_s,
                            compute_s=best.compute_s, allreduce_bytes=best.bytes_per_iter,
-                           source=SOURCE if track.profiled else SOURCE + " (unprofiled)")
+                           source=source)
 
     def links(self) -> tuple[LinkObservation, ...]:
         """Each sampled port over the readings that arrived since the last call (about a

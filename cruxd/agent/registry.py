@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from cruxd.agent.job_ports import merge_ports
 from cruxd.control.records import LocalJob, Measurement
 
 LOG = logging.getLogger(__name__)
@@ -67,7 +68,8 @@ class Registry:
         entry = self._jobs.get(job.job_id)
         if entry is not None and pid in entry.owners:
             entry.job = replace(entry.job, gpus=job.gpus, node_rank=job.node_rank,
-                                nnodes=job.nnodes, command=job.command or entry.job.command)
+                                nnodes=job.nnodes, command=job.command or entry.job.command,
+                                tcp_ports=merge_ports(job.tcp_ports, entry.job.tcp_ports))
             entry.hints = hints
             self._on_change(job.job_id, "updated")
             return entry.job
@@ -79,7 +81,8 @@ class Registry:
             entry = self._jobs[job.job_id] = _Entry(job, hints, uid)
             what = "registered"
         else:
-            entry.job = replace(entry.job, gpus=max(entry.job.gpus, job.gpus))
+            entry.job = replace(entry.job, gpus=max(entry.job.gpus, job.gpus),
+                                tcp_ports=merge_ports(entry.job.tcp_ports, job.tcp_ports))
             what = f"joined by process {pid}"
         entry.owners[pid] = pidfd
         entry.started[pid] = started

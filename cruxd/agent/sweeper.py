@@ -4,10 +4,12 @@ Peers come from the leader's plan (every job's routes leaving this host name the
 planned or not), so the agent probes exactly the pairs its jobs' traffic uses. One
 sweep runs at a time in a worker thread (the probers block on raw sockets), paced
 at `probing.rate_pps`; its result replaces that peer's table and, when the paths or
-ports changed, the agent reports at once. With `probing.tcp_dport` set, each sweep
-is followed by a TCP one (TTL-limited SYNs toward that port, `tcp_ports_per_path`
-ports per path); paths are merged by hop signature, so a path may carry UDP ports,
-TCP ports or both.
+ports changed, the agent reports at once. Each sweep is followed by TCP ones
+(TTL-limited SYNs, `tcp_ports_per_path` ports per path), one per destination port:
+`probing.tcp_dport` if set (toward every peer), and the port each route of the plan
+leaving this host names (its job's listening port at that peer), at most
+`probing.tcp_dports_per_peer` of those per peer. Paths are merged by hop signature,
+so a path may carry UDP ports, TCP ports toward several destination ports, or both.
 
 A plan saying the fabric routes (HostPlan.path_selection = "fabric": adaptive routing, the
 leader's `[leader] path_selection`) drops every peer: there is no path choice a port could
@@ -27,6 +29,7 @@ from typing import Protocol
 
 from cruxd.config.model import ProbingConfig
 from cruxd.control.records import PATHS_BY_FABRIC, HostPlan, PathTable, ProbedPath
+from cruxd.model.view import TcpPortSet
 from cruxd.waits import wait_event
 from probing.int_prober import IntProber
 from probing.responder import ProbeResponder
@@ -48,8 +51,8 @@ class ClosingProber(Prober, Protocol):
 
 
 ProberFactory = Callable[[str], ClosingProber]
-# (peer address, TCP source port -> its known hops) -> a TCP prober
-TcpProberFactory = Callable[[str, Mapping[int, tuple[str, ...]]], ClosingProber]
+# (peer address, TCP destination port, TCP source port -> its known hops) -> a TCP prober
+TcpProberFactory = Callable[[str, int, Mapping[int, tuple[str, ...]]], ClosingProber]
 
 
 def problems(counters: list[ProbeCounters]) -> tuple[int, str]:
@@ -114,8 +117,8 @@ def default_factory(cfg: ProbingConfig) -> ProberFactory:
 
 
 def default_tcp_factory(cfg: ProbingConfig) -> TcpProberFactory:
-    def make(address: str, known: Mapping[int, tuple[str, ...]]) -> ClosingProber:
-        return _TcpProber(address, dport=cfg.tcp_dport, max_hops=cfg.max_hops,
+    def make(address: str, dport: int, known: Mapping[int, tuple[str, ...]]) -> ClosingProber:
+        return _TcpProber(address, dport=dport, max_hops=cfg.max_hops,
                           timeout_s=cfg.timeout_s, allowed=_v4(cfg.fabric_prefixes),
                           known=known, dscp=cfg.dscp)
     return make
@@ -143,9 +146,8 @@ class SweepProbing:
 
     # --- what the agent reports ----------------------------------------------
     def paths(self) -> tuple[PathTable, ...]:
-        dport = self.cfg.tcp_dport
         out = [PathTable(p.host, tuple(ProbedPath(k.hops, k.sports, k.verified_unix_ms,
-                                                  k.tcp_sports, dport if k.tcp_sports else 0)
+                                                  tuple(TcpPortSet(d, t) for d, t in k.tcp))
                                        for k in p.paths), p.address, p.probed_unix_ms,
                          p.probes_sent, p.errors, p.last_error)
                for p in sorted(self.schedule.peers.values(), key=lambda p: p.host)]
@@ -164,15 +166,32 @@ class SweepProbing:
                      "no sweeps" if fabric else "sweeping its jobs' peers")
             self.on_change()  # the leader shows the new name
         peers: dict[str, list[str]] = {}
+        jobs_ports: dict[str, set[int]] = {}
         for a in () if fabric else hp.jobs:
             for r in a.routes:
                 if r.src_host == self.host_id and r.peer_host != self.host_id:
                     peers.setdefault(r.peer_host, []).extend(r.peer_addresses)
+                    if r.tcp_dport:
+                        jobs_ports.setdefault(r.peer_host, set()).add(r.tcp_dport)
+        dports = {peer: self._dports(peer, jobs_ports.get(peer, set())) for peer in peers}
         now = time.monotonic()
-        if self.schedule.set_peers(peers, now):
+        if self.schedule.set_peers(peers, now, dports):
             self.on_change()  # refused peers show up in the next report
         self.schedule.request(() if fabric else hp.reprobe, now)
         self._wake.set()
+
+    def _dports(self, peer: str, jobs: set[int]) -> tuple[int, ...]:
+        """The TCP destination ports a sweep of `peer` probes: tcp_dport, then the jobs'
+        ports in order, at most tcp_dports_per_peer of them (each is a sweep: the bound
+        is what keeps a host with many jobs from multiplying the probe traffic)."""
+        extra = self.cfg.tcp_dport
+        ports = sorted(jobs - {extra})
+        keep = ports[:self.cfg.tcp_dports_per_peer]
+        if len(keep) < len(ports):
+            LOG.warning("%s: %d jobs' TCP ports to probe, probing.tcp_dports_per_peer is %d; "
+                        "not probed (connections to them are not steered): %s", peer,
+                        len(ports), self.cfg.tcp_dports_per_peer, ports[len(keep):])
+        return ((extra,) if extra else ()) + tuple(keep)
 
     # --- the loop ------------------------------------------------------------
     async def start(self) -> None:
@@ -226,13 +245,13 @@ class SweepProbing:
                                            int(time.time() * 1000), tcp)
             LOG.info("swept %s (%s): %d path(s), %d probe(s), stopped: %s%s%s%s", peer.host,
                      peer.address, len(result.paths), result.probes_sent, result.stopped,
-                     "" if tcp is None else f"; TCP/{self.cfg.tcp_dport}: {len(tcp.paths)} "
-                     f"path(s), {tcp.probes_sent} probe(s), stopped: {tcp.stopped}",
+                     "".join(f"; TCP/{d}: {len(t.paths)} path(s), {t.probes_sent} probe(s), "
+                             f"stopped: {t.stopped}" for d, t in tcp.items()),
                      f"; {errors} probe(s) unanswered or ignored, most: {why}" if errors
                      else "", f"; paths changed: {changed}" if changed else "")
             self.on_change()  # report the new verification times too
 
-    def _sweep(self, peer: PeerState) -> tuple[SweepResult, SweepResult | None, int, str]:
+    def _sweep(self, peer: PeerState) -> tuple[SweepResult, dict[int, SweepResult], int, str]:
         cfg = self.cfg
         prober = self.factory(peer.address)
         try:
@@ -242,21 +261,25 @@ class SweepProbing:
             errors, why = prober.problems()
         finally:
             prober.close()
-        if not cfg.tcp_dport:
-            return result, None, errors, why
-        try:
-            tcp, tcp_errors, tcp_why = self._sweep_tcp(peer)
-        except OSError as exc:  # the UDP result stands; TCP ports unverified are dropped
-            LOG.warning("cannot probe TCP/%d of %s (%s): %s", cfg.tcp_dport, peer.host,
-                        peer.address, exc)
-            return result, SweepResult(peer.host), errors + 1, f"TCP: {exc}"
-        return result, tcp, errors + tcp_errors, why if errors >= tcp_errors else tcp_why
+        tcp: dict[int, SweepResult] = {}
+        most = errors
+        for dport in peer.dports:
+            try:
+                tcp[dport], tcp_errors, tcp_why = self._sweep_tcp(peer, dport)
+            except OSError as exc:  # the other results stand; this port's are dropped
+                LOG.warning("cannot probe TCP/%d of %s (%s): %s", dport, peer.host,
+                            peer.address, exc)
+                tcp[dport], tcp_errors, tcp_why = SweepResult(peer.host), 1, f"TCP: {exc}"
+            errors += tcp_errors
+            if tcp_errors > most:
+                most, why = tcp_errors, tcp_why
+        return result, tcp, errors, why
 
-    def _sweep_tcp(self, peer: PeerState) -> tuple[SweepResult, int, str]:
+    def _sweep_tcp(self, peer: PeerState, dport: int) -> tuple[SweepResult, int, str]:
         cfg = self.cfg
-        prober = self.tcp_factory(peer.address, self.schedule.known_tcp(peer))
+        prober = self.tcp_factory(peer.address, dport, self.schedule.known_tcp(peer, dport))
         try:
-            ports = self.schedule.tcp_sports(peer,
+            ports = self.schedule.tcp_sports(peer, dport,
                                              range(cfg.tcp_sports[0], cfg.tcp_sports[1] + 1))
             tcp = sweep(prober, peer.host, ports, expected=cfg.expected_paths or None,
                         max_probes=cfg.max_probes, miss=cfg.miss, rate_pps=cfg.rate_pps,

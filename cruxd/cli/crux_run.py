@@ -38,6 +38,7 @@ from cruxd.cli.start_wait import wait_for_decision
 from cruxd.errors import CruxError, UsageError
 
 ENV_JOB = ("CRUX_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+MAX_TCP_PORTS = 16  # the agent's bound (cruxd.control.validate.MAX_JOB_TCP_PORTS)
 
 
 class NotRunnable(CruxError):
@@ -89,6 +90,15 @@ def _parser() -> argparse.ArgumentParser:
                         "the leader assumes half)")
     p.add_argument("--allreduce-bytes", type=float, metavar="B",
                    help="hint: gradient all-reduce size per iteration")
+    p.add_argument("--tcp-port", type=int, action="append", default=[], metavar="N",
+                   dest="tcp_ports",
+                   help="a TCP port the job listens on at this host (repeatable, at most "
+                        f"{MAX_TCP_PORTS}): the other hosts' agents probe toward it, and their "
+                        "connections to it leave on the planned path. The first port given is "
+                        "the one steered where the job listens on several (a decision holds "
+                        "one port per job and peer): name the one its collective uses. "
+                        "Ports the job listens on are also learned as it runs (the socket "
+                        "interposer sees listen()); declared ones come first")
     p.add_argument("--socket", metavar="PATH",
                    help="agent socket (default: $CRUX_SOCKET, else the host's agent at "
                         "/run/crux/agent.sock, else this user's own agent's)")
@@ -112,6 +122,15 @@ def _parser() -> argparse.ArgumentParser:
                         "the agent or waiting (default: the table the serving agent writes)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND")
     return p
+
+
+def _check_ports(ports: list[int]) -> None:
+    bad = next((p for p in ports if not 1 <= p <= 65535), None)
+    if bad is not None:
+        raise UsageError(f"--tcp-port must be 1..65535, got {bad}")
+    if len(set(ports)) > MAX_TCP_PORTS:
+        raise UsageError(f"at most {MAX_TCP_PORTS} --tcp-port, got {len(set(ports))}")
+    ports[:] = dict.fromkeys(ports)  # each once, in the order given
 
 
 def _local_call(args: argparse.Namespace, path: Path, body: str, msg: Message) -> Any:
@@ -158,7 +177,7 @@ def _register(args: argparse.Namespace, job_id: str) -> tuple[str, float] | None
         job_id=job_id, gpus=args.gpus if args.gpus is not None else _gpus(),
         node_rank=args.node_rank if args.node_rank is not None else
         (_env_int("NODE_RANK", "SLURM_NODEID") or 0), nnodes=nnodes, hints=hints,
-        command=shlex.join(args.command)[:256])
+        command=shlex.join(args.command)[:256], tcp_ports=args.tcp_ports)
     got = _local_call(args, path, "register", reg)
     return None if got is None else (got.decision_table, got.start_wait_s)
 
@@ -233,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     def go() -> int:
         if args.wait_s is not None and not 0 <= args.wait_s <= MAX_WAIT_S:
             raise UsageError(f"--wait-s must be 0..{MAX_WAIT_S:g} seconds, got {args.wait_s:g}")
+        _check_ports(args.tcp_ports)
         return _print_env(args) if args.print_env else _run(args)
 
     return run_command("crux-run", go)

@@ -70,10 +70,12 @@ class ProbingConfig:
     responder: bool  # answer other agents' INT probes
     responder_port: int
     responder_rate_pps: float
-    tcp_dport: int = 0  # the TCP jobs' listening port to probe; 0: no TCP probing
+    tcp_dport: int = 0  # a TCP port probed toward every peer, beyond the jobs' own; 0: none
     tcp_sports: tuple[int, int] = (61000, 65535)  # first and last TCP source port swept
     tcp_ports_per_path: int = 8  # TCP ports collected per path (a decision holds 8)
     dscp: int = 56  # the probes' DSCP: CS7, the priority reserved for probing
+    # jobs' listening ports probed toward one peer per sweep, at most (0: none, tcp_dport only)
+    tcp_dports_per_peer: int = 8
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,9 @@ MAX_TCP_PORTS = 8
 # the kernel never picks these ports for other programs' connections, so the probed
 # ports stay free for the shim to bind, and a probe never finds them taken.
 TCP_SPORTS = "61000-65535"
+# Jobs' listening ports one peer's sweep probes toward, at most (a TCP sweep per port):
+# cruxd.control.validate.MAX_TCP_DPORTS bounds a report's sets per path by this plus one.
+MAX_TCP_DPORTS_PER_PEER = 32
 # CS7: the priority cruxd.scheduler.dscp reserves for probing, above every job level, so
 # a loaded fabric does not starve the re-verification of its own paths.
 PROBE_DSCP = 56
@@ -61,4 +64,6 @@ def parse_probing(p: Section, sweep: bool) -> ProbingConfig:
         tcp_sports=(tcp_ports.start, tcp_ports.stop - 1),
         tcp_ports_per_path=per_path,
         dscp=p.integer("dscp", PROBE_DSCP, Range(0, 63)),
+        tcp_dports_per_peer=p.integer("tcp_dports_per_peer", 8,
+                                      Range(0, MAX_TCP_DPORTS_PER_PEER)),
     )

@@ -58,6 +58,15 @@ class MergedJob:
     hosts: tuple[tuple[str, int], ...]
     nnodes: int
     measurement: Measurement  # W_j summed over hosts; times and sizes: the maximum
+    # the TCP ports it listens on at each host, in the order of `hosts`
+    tcp_ports: tuple[tuple[int, ...], ...] = ()
+
+    def ports_at(self, host: str) -> tuple[int, ...]:
+        """The ports the job listens on at `host` (() where none is known)."""
+        for (h, _), ports in zip(self.hosts, self.tcp_ports, strict=False):
+            if h == host:
+                return ports
+        return ()
 
 
 @dataclass
@@ -112,6 +121,10 @@ class ClusterState:
                 causes.append(f"job grew: {jid} on {host}")
         for jid in sorted(before.keys() - new_jobs.keys()):
             causes.append(f"job left host: {jid} on {host}")
+        for jid in sorted(before.keys() & new_jobs.keys()):
+            # peers probe toward a job's ports, and its routes to this host carry them
+            if before[jid].tcp_ports != new_jobs[jid].tcp_ports:
+                causes.append(f"TCP ports changed: {jid} on {host}")
         for jid in sorted(j.job_id for j in report.jobs if j.request_profiling):
             rec = self.jobs.get(jid)
             if rec is not None and rec.profile == "done" and self.profiling_s > 0:
@@ -249,7 +262,8 @@ class ClusterState:
                 source=",".join(sorted({m.source for m in ms if m.source})),
             )
             mj = MergedJob(jid, tuple((h, j.gpus) for h, j in members),
-                           max(j.nnodes for _, j in members), merged)
+                           max(j.nnodes for _, j in members), merged,
+                           tuple(j.tcp_ports for _, j in members))
             self._merged[jid] = (members, mj)
             out.append(mj)
         return out

@@ -105,7 +105,7 @@ def discover(tables: Mapping[str, Mapping[str, PathTable]], nics: Mapping[str, t
                 edges.update(itertools.pairwise(seq))
                 for i, name in enumerate(names, 1):
                     tier[name] = min(tier.get(name, 99), i, len(names) + 1 - i)
-                out.append(DiscoveredPath(names, p.sports, p.tcp_sports, p.tcp_dport))
+                out.append(DiscoveredPath(names, p.sports, p.tcp))
             if out:
                 renamed[(src, dst)] = tuple(out)
     b = TopologyBuilder(NAME)

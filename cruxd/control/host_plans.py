@@ -28,6 +28,7 @@ from cruxd.control.records import (
     PeerRoute,
 )
 from cruxd.control.sticky_routes import keep_ports, previous_routes
+from cruxd.control.tcp_routes import listening_ports, route_tcp
 from cruxd.model.jobs import Job, ring_allreduce
 from cruxd.model.plan import Plan
 from cruxd.model.topology import Topology, TopologyBuilder
@@ -126,8 +127,7 @@ class PlanInputs:
     @property
     def paths(self) -> dict[tuple[str, str], tuple[DiscoveredPath, ...]]:
         """The path table as reported (hops: router addresses or INT node ids)."""
-        return {(src, dst): tuple(DiscoveredPath(p.hops, p.sports, p.tcp_sports, p.tcp_dport)
-                                  for p in t.paths)
+        return {(src, dst): tuple(DiscoveredPath(p.hops, p.sports, p.tcp) for p in t.paths)
                 for src, by_dst in self.tables.items() for dst, t in by_dst.items()}
 
 
@@ -230,14 +230,18 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     routes: dict[str, list[PeerRoute]] = {}
     addresses: dict[tuple[str, int | None], tuple[str, ...]] = {}
     # the chosen path's TCP-probed ports, found by its hops as its UDP port is
+    tcp = {(src, dst, p.hops): p for (src, dst), ps in paths.items() for p in ps if p.tcp}
+    listening = listening_ports(merged)
+    by_id = {m.job_id: m for m in merged}
     by_hops = {(src, dst, p.hops): p for (src, dst), ps in paths.items() for p in ps}
-    tcp = {k: (p.tcp_dport, p.tcp_sports) for k, p in by_hops.items() if p.tcp_sports}
     before = previous_routes(previous.jobs) if previous is not None and not fabric else {}
     for f in result.flows if result else ():
         peer = addresses.get((f.dst, f.src_port))
         if peer is None:
             peer = addresses[(f.dst, f.src_port)] = _addresses(nics, f.dst, f.src_port)
-        tcp_dport, tcp_sports = tcp.get((f.src, f.dst, f.hops), (0, ()))
+        tcp_dport, tcp_sports = (0, ()) if fabric else route_tcp(
+            by_id[f.job].ports_at(f.dst), tcp.get((f.src, f.dst, f.hops)),
+            listening.get(f.dst, frozenset()))
         # with the fabric routing, the path the scheduler modelled holds no traffic to it
         routes.setdefault(f.job, []).append(keep_ports(f.job, PeerRoute(
             src_host=f.src, peer_host=f.dst, peer_addresses=peer,
@@ -250,8 +254,10 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
         hosts = tuple(h for h, _ in m.hosts)
         gpus = sum(g for _, g in m.hosts)
         d = decided.get(m.job_id)
-        if m.job_id not in routes:  # unplanned: the ring's peers still tell agents whom to probe
-            routes[m.job_id] = [PeerRoute(src, dst, _addresses(nics, dst, None))
+        if m.job_id not in routes:  # unplanned: the ring's peers still tell agents whom (and
+            # toward which of the job's ports) to probe
+            routes[m.job_id] = [PeerRoute(src, dst, _addresses(nics, dst, None),
+                                          tcp_dport=0 if fabric else next(iter(m.ports_at(dst)), 0))
                                 for src, dst in _ring_pairs(hosts)]
         if m.job_id in profiling and reserve:
             a = JobAssignment(m.job_id, JobState.PROFILING, level=profiling_level,

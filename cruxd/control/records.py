@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
+from cruxd.model.view import TcpPortSet
 from transport.roce import tos
 
 
@@ -63,6 +64,9 @@ class LocalJob:
     request_profiling: bool = False  # its behaviour changed since it was profiled
     # TCP connects that got a kernel port: every decided port of the route was in use
     tcp_ports_busy: int = 0
+    # TCP ports it listens on at this host: declared (crux-run --tcp-port) first, then
+    # those the interposer saw it listen on; peers probe toward them (cruxd.agent.job_ports)
+    tcp_ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +96,8 @@ class ProbedPath:
     hops: tuple[str, ...]
     sports: tuple[int, ...]
     verified_unix_ms: int = 0  # when a probe last confirmed it
-    tcp_sports: tuple[int, ...] = ()  # TCP source ports onto it (toward tcp_dport)
-    tcp_dport: int = 0  # the peer's TCP port they were probed for; 0: none
+    # per TCP destination port probed toward the peer, the source ports onto this path
+    tcp: tuple[TcpPortSet, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +113,7 @@ class PathTable:
     def shape(self) -> tuple[object, ...]:
         """What planning depends on: a re-verified table with the same paths and
         ports has the same shape, so re-probing alone does not re-plan."""
-        return (self.dst_address, tuple((p.hops, p.sports, p.tcp_sports, p.tcp_dport)
-                                        for p in self.paths))
+        return (self.dst_address, tuple((p.hops, p.sports, p.tcp) for p in self.paths))
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +141,10 @@ class PeerRoute:
     sport: int = 0  # 0: no probed port, ECMP decides
     hops: tuple[str, ...] = ()
     nic_port: int = -1
-    tcp_dport: int = 0  # TCP connections to this port leave from one of tcp_sports
-    tcp_sports: tuple[int, ...] = ()  # the chosen path's TCP-probed ports; (): ECMP
+    # the job's listening port at peer_host (0: none known): TCP connections to it leave
+    # from one of tcp_sports, and the source host's agent probes toward it
+    tcp_dport: int = 0
+    tcp_sports: tuple[int, ...] = ()  # the chosen path's ports probed for it; (): ECMP
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,8 +36,8 @@ def keep_ports(job: str, route: PeerRoute, before: Mapping[RouteKey, PeerRoute],
         return route
     sport = old.sport if old.sport and old.sport in path.sports else route.sport
     tcp = route.tcp_sports
-    if (old.tcp_sports and old.tcp_dport == route.tcp_dport == path.tcp_dport
-            and set(old.tcp_sports) <= set(path.tcp_sports)):
+    if (old.tcp_sports and old.tcp_dport == route.tcp_dport
+            and set(old.tcp_sports) <= set(path.tcp_sports(route.tcp_dport))):
         tcp = old.tcp_sports
     if (sport, tcp) == (route.sport, route.tcp_sports):
         return route

@@ -14,6 +14,7 @@ from collections.abc import Hashable, Iterable
 
 from cruxd.control.records import AgentReport, HostPlan, LocalJob, Measurement
 from cruxd.errors import UsageError
+from cruxd.model.view import TcpPortSet
 
 # Job ids end up NUL-padded in 64-byte decision-table slots and in file names.
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,62}")
@@ -28,6 +29,10 @@ MAX_PATHS_PER_PEER = 256
 MAX_HOPS = 16
 MAX_SPORTS = 64
 MAX_TCP_SPORTS = 8  # the TCP ports a decision-table entry holds per peer
+# TCP destination ports probed onto one path: the [probing] tcp_dport and at most
+# tcp_dports_per_peer (32) jobs' ports; a hostile report cannot grow a path past this
+MAX_TCP_DPORTS = 33
+MAX_JOB_TCP_PORTS = 16  # listening ports one job reports per host (cruxd.agent.job_ports)
 MAX_LINKS = 100_000
 MAX_TEXT = 256
 MAX_COUNTER = 2**53  # times in ms and counters: exact in a double
@@ -100,6 +105,29 @@ def _tcp_ports(ports: tuple[int, ...], dport: int, field: str) -> None:
                              "are probed for a destination port")
 
 
+def _tcp_sets(sets: tuple[TcpPortSet, ...], field: str) -> None:
+    """A path's TCP port sets: at most MAX_TCP_DPORTS, one per destination port, each with
+    at least one source port (a set without any says nothing)."""
+    _count(len(sets), f"{field}.tcp", MAX_TCP_DPORTS)
+    for i, t in enumerate(sets):
+        where = f"{field}.tcp[{i}]"
+        _number(t.dport, f"{where}.dport", 65535, 1)
+        if not t.sports:
+            raise InvalidMessage(f"{where}.sports", "empty: a set names the ports probed")
+        _count(len(t.sports), f"{where}.sports", MAX_TCP_SPORTS)
+        for s, port in enumerate(t.sports):
+            _number(port, f"{where}.sports[{s}]", 65535, 1)
+        _unique(t.sports, f"{where}.sports")
+    _unique((t.dport for t in sets), f"{field}.tcp")
+
+
+def _listen_ports(ports: tuple[int, ...], field: str) -> None:
+    _count(len(ports), field, MAX_JOB_TCP_PORTS)
+    for i, port in enumerate(ports):
+        _number(port, f"{field}[{i}]", 65535, 1)
+    _unique(ports, field)
+
+
 def check_measurement(m: Measurement, field: str) -> Measurement:
     for name, hi in LIMITS.items():
         _number(getattr(m, name), f"{field}.{name}", hi)
@@ -120,6 +148,7 @@ def check_local_job(job: LocalJob, field: str = "job") -> LocalJob:
                              f"{job.qps_applied} exceeds qps_total {job.qps_total}")
     _text(job.command, f"{field}.command")
     _number(job.tcp_ports_busy, f"{field}.tcp_ports_busy", MAX_COUNTER)
+    _listen_ports(job.tcp_ports, f"{field}.tcp_ports")
     return job
 
 
@@ -170,7 +199,7 @@ def check_report(r: AgentReport, max_jobs: int = MAX_JOBS_PER_HOST) -> AgentRepo
             for s, port in enumerate(path.sports):
                 _number(port, f"{where}.paths[{k}].sports[{s}]", 65535, 1)
             _number(path.verified_unix_ms, f"{where}.paths[{k}].verified_unix_ms", MAX_COUNTER)
-            _tcp_ports(path.tcp_sports, path.tcp_dport, f"{where}.paths[{k}]")
+            _tcp_sets(path.tcp, f"{where}.paths[{k}]")
         _unique((p.hops for p in table.paths), f"{where}.paths")
     _unique((t.dst_host for t in r.paths), "paths")
     _count(len(r.links), "links", MAX_LINKS)

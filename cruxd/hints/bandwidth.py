@@ -20,7 +20,9 @@ from cruxd.control.records import JobAssignment, LocalJob
 from cruxd.hints.fabric_view import SCHEMA_VERSION, FabricView
 
 FORMAT = "crux.bandwidth"
-LIVE_SOURCE = "nvml+nic"  # only measured figures; hints and replays are not bandwidth
+# only measured figures (the NIC's, or the job's own bytes on a shared host: `nvml+sock`);
+# hints and replays are not bandwidth
+LIVE_SOURCE = ("nvml+nic", "nvml+sock")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,16 +9,29 @@ from cruxd.model.topology import Topology
 
 
 @dataclass(frozen=True, slots=True)
+class TcpPortSet:
+    """TCP source ports that hash onto one path toward the peer's TCP port `dport`: a
+    switch hashes both ports, so each destination port has its own set."""
+
+    dport: int
+    sports: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DiscoveredPath:
     """A fabric path found by probing: the switches it crosses and the UDP
     source ports (RoCEv2 range 0xC000-0xFFFF) that hash onto it; where TCP was
-    probed too, the TCP source ports toward `tcp_dport` that hash onto it (planning
-    ignores them; the route of the chosen path carries them)."""
+    probed too, per destination port probed (the [probing] tcp_dport, the jobs'
+    listening ports at the peer) the TCP source ports that hash onto it (planning
+    ignores them; the route of the chosen path carries its job's set)."""
 
     hops: tuple[str, ...]
     sports: tuple[int, ...]
-    tcp_sports: tuple[int, ...] = ()
-    tcp_dport: int = 0
+    tcp: tuple[TcpPortSet, ...] = ()
+
+    def tcp_sports(self, dport: int) -> tuple[int, ...]:
+        """The source ports probed onto this path toward `dport` (() if none)."""
+        return next((t.sports for t in self.tcp if t.dport == dport), ())
 
 
 @dataclass(frozen=True)

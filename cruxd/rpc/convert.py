@@ -24,6 +24,7 @@ from cruxd.control.records import (
     ProbedPath,
 )
 from cruxd.control.validate import InvalidMessage
+from cruxd.model.view import TcpPortSet
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 
@@ -47,13 +48,13 @@ def local_job_to_pb(j: LocalJob) -> cpb.LocalJob:
                         measurement=measurement_to_pb(j.measurement),
                         qps_applied=j.qps_applied, qps_total=j.qps_total, command=j.command,
                         request_profiling=j.request_profiling,
-                        tcp_ports_busy=j.tcp_ports_busy)
+                        tcp_ports_busy=j.tcp_ports_busy, tcp_ports=j.tcp_ports)
 
 
 def local_job_from_pb(p: cpb.LocalJob) -> LocalJob:
     return LocalJob(p.job_id, p.gpus, p.node_rank, p.nnodes or 1, p.registered_unix_ms,
                     measurement_from_pb(p.measurement), p.qps_applied, p.qps_total, p.command,
-                    p.request_profiling, p.tcp_ports_busy)
+                    p.request_profiling, p.tcp_ports_busy, tuple(p.tcp_ports))
 
 
 def report_to_pb(r: AgentReport) -> lpb.AgentReport:
@@ -95,16 +96,28 @@ def path_table_to_pb(t: PathTable) -> lpb.PathTable:
     return lpb.PathTable(
         dst_host=t.dst_host, dst_address=t.dst_address, probed_unix_ms=t.probed_unix_ms,
         probes_sent=t.probes_sent, errors=t.errors, last_error=t.last_error,
-        paths=[lpb.ProbedPath(hops=p.hops, sports=p.sports, verified_unix_ms=p.verified_unix_ms,
-                              tcp_sports=p.tcp_sports, tcp_dport=p.tcp_dport)
-               for p in t.paths])
+        paths=[probed_path_to_pb(p) for p in t.paths])
+
+
+def probed_path_to_pb(p: ProbedPath) -> lpb.ProbedPath:
+    # fields 4/5 repeat the first set for a leader that reads no `tcp` (one port per agent)
+    first = p.tcp[0] if p.tcp else TcpPortSet(0, ())
+    return lpb.ProbedPath(hops=p.hops, sports=p.sports, verified_unix_ms=p.verified_unix_ms,
+                          tcp_sports=first.sports, tcp_dport=first.dport,
+                          tcp=[lpb.TcpPortSet(dport=t.dport, sports=t.sports) for t in p.tcp])
+
+
+def probed_path_from_pb(x: lpb.ProbedPath) -> ProbedPath:
+    if x.tcp:
+        tcp = tuple(TcpPortSet(t.dport, tuple(t.sports)) for t in x.tcp)
+    else:  # an agent from before per-job ports: its one port, in fields 4/5
+        tcp = (TcpPortSet(x.tcp_dport, tuple(x.tcp_sports)),) if x.tcp_sports else ()
+    return ProbedPath(tuple(x.hops), tuple(x.sports), x.verified_unix_ms, tcp)
 
 
 def path_table_from_pb(t: lpb.PathTable) -> PathTable:
     return PathTable(
-        t.dst_host, tuple(ProbedPath(tuple(x.hops), tuple(x.sports), x.verified_unix_ms,
-                                     tuple(x.tcp_sports), x.tcp_dport)
-                          for x in t.paths),
+        t.dst_host, tuple(probed_path_from_pb(x) for x in t.paths),
         t.dst_address, t.probed_unix_ms, t.probes_sent, t.errors, t.last_error)
 
 

@@ -21,7 +21,10 @@ from cruxd.model.topology import NodeKind, Topology
 from cruxd.scenario import Scenario
 from tests.rig.fabric import MAX_HOSTS, MAX_SPINES, Fabric
 
-RING_PORT = 5301  # every rank listens here; one job per host (see Layout.of)
+# Job k of a scenario listens on RING_PORT + k on each of its hosts: two jobs may share a
+# host, each ring on its own port, each port probed and steered for its own job (crux-run
+# --tcp-port), as two jobs' listeners on one real host would be
+RING_PORT = 5301
 Hop = tuple[str, str]  # (src host, dst host) of a ring hop
 SpineBytes = dict[str, dict[Hop, list[int]]]  # per job and hop between leaves, per spine
 
@@ -39,6 +42,7 @@ class EmuJob:
     host_gpus: tuple[int, ...] = ()  # GPUs on each host of the ring
     arrival_s: float = 0.0  # starts this long after the measured window opens
     iterations: int | None = None  # leaves after this many iterations in the window
+    port: int = RING_PORT  # every rank of the job listens on this TCP port
 
     @property
     def churns(self) -> bool:
@@ -92,14 +96,8 @@ class Layout:
         order = [h for t in tors for h in per_leaf[t]]
         host_map = {h: f"h{k}" for k, h in enumerate(order)}
         jobs = []
-        used: dict[str, str] = {}
-        for j, timing in zip(sc.view.jobs, sc.simulation.timing, strict=True):
+        for k, (j, timing) in enumerate(zip(sc.view.jobs, sc.simulation.timing, strict=True)):
             ring = tuple(h for h, _ in j.hosts)
-            for h in ring:
-                if h in used:
-                    raise UsageError(f"{sc.name}: {h} runs {used[h]} and {j.id}; the rig runs "
-                                     f"one job per host (TCP probing covers one port)")
-                used[h] = j.id
             hop = max((f.bytes for f in j.flows), default=0.0)
             jobs.append(EmuJob(j.id, tuple(host_map[h] for h in ring), j.gpus, j.compute_s,
                                j.overlap, int(hop * scale), j.flops,
@@ -107,10 +105,14 @@ class Layout:
                                hop * j.gpus / (2 * max(1, j.gpus - 1)),
                                tuple(g for _, g in j.hosts), timing.arrival_s,
                                None if timing.iterations is None
-                               else max(1, round(timing.iterations))))
+                               else max(1, round(timing.iterations)), RING_PORT + k))
         return Layout(len(tors), sizes.pop(), len(aggs), host_gbps.pop() * 1e3 * scale,
                       up.pop() * 1e3 * scale, tuple(jobs), tuple(order), tuple(aggs),
                       tuple(tors))
+
+    def on_host(self, host: str) -> list[tuple[EmuJob, int]]:
+        """The jobs with a rank on rig host `host`, each with that rank."""
+        return [(j, j.hosts.index(host)) for j in self.jobs if host in j.hosts]
 
     def leaf_of(self, host: str) -> int:
         """The leaf of a rig host (hosts are numbered leaf by leaf, as Fabric does)."""

@@ -1,9 +1,10 @@
-"""The testbed's crux modes: a cruxd agent in every host namespace (h0 also leads), TCP
-probing toward the ring port, and the jobs under `crux-run`.
+"""The testbed's crux modes: a cruxd agent in every host namespace (h0 also leads), the
+jobs under `crux-run`, each declaring its ring port (`--tcp-port`), which the agents of its
+other hosts probe toward and the leader's routes steer (two jobs on a host: two ports).
 
-`crux`: nothing declared. Each agent measures its job live: t_j and the period from the
-host's NIC counters (one job per host), W_j from emulated GPUs (a replay file per host:
-the job's GPUs busy compute_s of every standalone period). Every job goes through its
+`crux`: nothing declared. Each agent measures its jobs live: t_j and the period from the
+host's NIC counters, W_j from emulated GPUs (a replay file per host: each job's GPUs busy
+compute_s of every standalone period). Every job goes through its
 profiling window at the top level, then the leader plans with the profiled figures.
 
 `crux-hints`: each job declares W_j, compute time and model size when it registers
@@ -13,10 +14,11 @@ profiling window at the top level, then the leader plans with the profiled figur
 measure each one's share on the kernel's queues (bench/testbed.py says why these ways):
     paths-only   once the plan is in place, every switch port puts all the levels' DSCPs
                  in one class (`Fabric.one_class`): crux's paths, no priorities;
-    levels-only  the agents probe toward a port the ring does not use (OTHER_PORT), so
-                 the socket interposer gives the ring's connections their level's DSCP
-                 and nothing else (a source port selects a path toward the port it was
-                 probed with only): the kernel's ports and ECMP, crux's levels.
+    levels-only  the agents probe toward a port no ring uses (OTHER_PORT) and toward no
+                 job's port (`tcp_dports_per_peer = 0`), so the socket interposer gives
+                 the ring's connections their level's DSCP and nothing else (a source
+                 port selects a path toward the port it was probed with only): the
+                 kernel's ports and ECMP, crux's levels.
 
 In all of them, the ranks run under `crux-run` from the start. TCP decisions apply at
 connect, so a rank whose decision toward its next rank changes (a profiling window's
@@ -50,8 +52,9 @@ PROFILING_S = 15.0
 # changed and profiled it again. Skip two of GPT's iterations and a rebuild.
 SETTLE_S = 3.0
 # levels-only: the port the agents probe toward, where nothing listens (a TCP trace ends
-# at the peer's RST as well as at a listener's SYN-ACK, probing/tcp_ttl.py)
-OTHER_PORT = RING_PORT + 1
+# at the peer's RST as well as at a listener's SYN-ACK, probing/tcp_ttl.py); below every
+# job's ring port (RING_PORT + k)
+OTHER_PORT = RING_PORT - 1
 STEERS = {"both": "", "paths": "paths-only", "levels": "levels-only"}  # steer -> mode
 REVERIFY_S = 5.0  # probing.interval_s in a link-down run (the default is 300 s)
 # The live agents' NIC counter rate: a burst must span two samples to be measured (see
@@ -59,18 +62,22 @@ REVERIFY_S = 5.0  # probing.interval_s in a link-down run (the default is 300 s)
 LIVE_RATE_HZ = 250
 
 
-def gpu_recording(path: Path, job: EmuJob | None, rank: int, period_s: float) -> Path:
-    """The host's emulated GPUs: the job's, busy compute_s of every `period_s`, each at
-    the scenario's own FLOP rate (W_j / GPUs / compute_s), so that the W_j the agents
-    measure is the W_j that crux-hints declares."""
-    gpus = job.host_gpus[rank] if job else 0
-    util = 100.0 * job.compute_s / period_s if job else 0.0
-    peak = (job.flops / (job.gpus * job.compute_s) / 1e12
-            if job and job.flops > 0 and job.compute_s > 0 else PEAK_TFLOPS)
+def gpu_recording(path: Path, jobs: list[tuple[EmuJob, int, float]]) -> Path:
+    """The host's emulated GPUs: each job's (job, its rank here, its standalone period),
+    one after the other, busy compute_s of every period, each at the scenario's own FLOP
+    rate (W_j / GPUs / compute_s), so that the W_j the agents measure is the W_j that
+    crux-hints declares."""
+    peaks: list[float] = []
+    utils: list[float] = []
+    for job, rank, period_s in jobs:
+        gpus = job.host_gpus[rank]
+        peaks += [job.flops / (job.gpus * job.compute_s) / 1e12
+                  if job.flops > 0 and job.compute_s > 0 else PEAK_TFLOPS] * gpus
+        utils += [100.0 * job.compute_s / period_s] * gpus
     inv = [{"index": i, "name": "NVIDIA A100-SXM4-80GB", "uuid": f"GPU-{i}",
             "pci_bus_id": f"00000000:{i + 1:02x}:00.0", "peak_tflops": peak}
-           for i in range(gpus)]
-    samples = [{"t": float(t), "util": [util] * gpus, "pids": {}} for t in range(10)]
+           for i, peak in enumerate(peaks)]
+    samples = [{"t": float(t), "util": utils, "pids": {}} for t in range(10)]
     path.write_text(json.dumps({"inventory": inv, "samples": samples}))
     return path
 
@@ -91,9 +98,10 @@ def standalone_period(layout: Layout, job: EmuJob) -> float:
 
 def agent_config(f: Fabric, host: str, root: Path, levels: int,
                  gpu_file: Path | None = None,
-                 dport: int = RING_PORT) -> dict[str, dict[str, Any]]:
+                 levels_only: bool = False) -> dict[str, dict[str, Any]]:
     """A host's cruxd: declared profiles (static measurement), or live measurement with
-    the replayed GPUs in `gpu_file`; TCP probing toward `dport`."""
+    the replayed GPUs in `gpu_file`; TCP probing toward the jobs' ports, or with
+    `levels_only` toward OTHER_PORT alone."""
     leader = f"{f.address('h0')}:{LEADER_PORT}"
     cfg: dict[str, dict[str, Any]] = {
         "daemon": {"roles": ["agent", "leader"] if host == "h0" else ["agent"],
@@ -102,9 +110,10 @@ def agent_config(f: Fabric, host: str, root: Path, levels: int,
                   "probing": "sweep", "addresses": [f.address(host)], "gpus": 8,
                   "report_interval_s": 1.0, "measurement": "static",
                   "accept_job_hints": True},
-        "probing": {"fabric_prefixes": ["10.2.0.0/15"], "rate_pps": 1000, "timeout_s": 0.3,
-                    "tcp_dport": dport},
+        "probing": {"fabric_prefixes": ["10.2.0.0/15"], "rate_pps": 1000, "timeout_s": 0.3},
     }
+    if levels_only:
+        cfg["probing"].update(tcp_dport=OTHER_PORT, tcp_dports_per_peer=0)
     if gpu_file is not None:
         cfg["agent"].update(measurement="live", accept_job_hints=False)
         cfg["measurement"] = {"rate_hz": LIVE_RATE_HZ, "window_s": 30, "gpu": "replay",
@@ -132,23 +141,24 @@ def _hints(layout: Layout, job: EmuJob, rank: int) -> list[str]:
 
 
 def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...], profiled: bool = False,
-            dport: int = RING_PORT) -> dict[str, Any] | None:
-    """The leader's jobs once each is scheduled with TCP ports toward `dport` (the ring
-    port but in levels-only) on every route (the TCP sweep follows the UDP one, so the
-    leader plans twice), and with `profiled`, planned with its profiled measurement (from
-    at least one host: the other host of a two-host job sometimes keeps its unprofiled
-    figures, not yet understood)."""
+            steered: bool = True) -> dict[str, Any] | None:
+    """The leader's jobs once each is scheduled with TCP ports toward its own ring port on
+    every route (the TCP sweep follows the UDP one, so the leader plans twice; without
+    `steered`, levels-only, with probed UDP ports: no job's port is probed), and with
+    `profiled`, planned with its profiled measurement (from at least one host: the other
+    host of a two-host job sometimes keeps its unprofiled figures, not yet understood)."""
     have = {j["job_id"]: j for j in (doc.get("cluster") or {}).get("jobs", [])}
     for job in jobs:
         j = have.get(job.id)
         if j is None or j.get("state") != "JOB_STATE_SCHEDULED":
             return None
         sources = str((j.get("measurement") or {}).get("source", "")).split(",")
-        if profiled and "nvml+nic" not in sources:
+        if profiled and not {"nvml+nic", "nvml+sock"} & set(sources):
             return None
         routes = j.get("routes", [])
         if len(routes) < len(job.hosts) or not all(
-                r.get("tcp_dport") == dport and r.get("tcp_sports") for r in routes):
+                r.get("tcp_dport") == job.port and r.get("tcp_sports") if steered
+                else r.get("sport") for r in routes):
             return None
     return have
 
@@ -163,11 +173,10 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
     (tests/rig/testbed_churn.py). `steer`: "both" (crux), "paths" (paths-only) or
     "levels" (levels-only), see the module docstring."""
     mode = STEERS[steer] or ("crux" if live else "crux-hints")
-    dport = OTHER_PORT if steer == "levels" else RING_PORT
+    steered = steer != "levels"
     logdir = workdir / mode
     logdir.mkdir(parents=True, exist_ok=True)
     dscp = level_dscp(levels)
-    on = {h: (job, rank) for job in layout.jobs for rank, h in enumerate(job.hosts)}
     initial = tuple(j for j in layout.jobs if j.arrival_s <= 0)
     with layout.fabric(dscp_by_level=dscp) as f:
         root = workdir / {"crux": "dl", "crux-hints": "dh", "paths-only": "dp",
@@ -176,10 +185,10 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
         root.mkdir(parents=True, exist_ok=True)
         daemons = []
         for h in f.host_names:
-            job, rank = on.get(h, (None, 0))
-            gpu_file = gpu_recording(root / f"{h}.gpus.json", job, rank, standalone_period(
-                layout, job) if job else 1.0) if live else None
-            cfg = agent_config(f, h, root, levels, gpu_file, dport)
+            gpu_file = gpu_recording(root / f"{h}.gpus.json", [
+                (job, rank, standalone_period(layout, job))
+                for job, rank in layout.on_host(h)]) if live else None
+            cfg = agent_config(f, h, root, levels, gpu_file, levels_only=not steered)
             if link_down is not None:  # re-verify paths often: the failure is found by
                 cfg["probing"]["interval_s"] = REVERIFY_S  # the sweep after it
             daemons.append(Daemon(root, h, cfg, netns=f.ns(h)))
@@ -188,7 +197,8 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
         def wrap(job: EmuJob) -> dict[str, list[str]]:
             """crux-run from the start: a rank rebuilds its ring when its decisions change."""
             return {host: [str(BIN / "crux-run"), "--socket", str(sock[host]), "--job-id",
-                           job.id, *_args(layout, job, rank, live), "--"]
+                           job.id, "--tcp-port", str(job.port),
+                           *_args(layout, job, rank, live), "--"]
                     for rank, host in enumerate(job.hosts)}
 
         def leader() -> dict[str, Any]:
@@ -197,7 +207,7 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
         def decided(event: JobEvent, doc: dict[str, Any]) -> bool:
             job = next(j for j in layout.jobs if j.id == event.job)
             if event.kind == "arrive":
-                return planned(doc, (job,), profiled=live, dport=dport) is not None
+                return planned(doc, (job,), profiled=live, steered=steered) is not None
             return not any(j["job_id"] == job.id and j.get("state") == "JOB_STATE_SCHEDULED"
                            for j in (doc.get("cluster") or {}).get("jobs", []))
 
@@ -212,7 +222,7 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
 
             def ready() -> dict[str, Any] | None:
                 seen[0] = leader()
-                return planned(seen[0], initial, profiled=live, dport=dport)
+                return planned(seen[0], initial, profiled=live, steered=steered)
             try:
                 plan = wait_for("every job scheduled with TCP ports", ready, timeout=120 + (
                     len(initial) * PROFILING_S * 2 if live else 0))
@@ -224,7 +234,7 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
             # the tables take the plan, then each ring rebuilds after its current iteration
             time.sleep(2.0 + 2 * max(standalone_period(layout, j) for j in initial))
             doc = leader()
-            plan = planned(doc, initial, dport=dport) or plan
+            plan = planned(doc, initial, steered=steered) or plan
             at_start = control_counts(doc)
             settled = time.time()
             _say(progress, f"{mode}: planned after {time.monotonic() - t0:.1f} s; measuring "

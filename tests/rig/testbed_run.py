@@ -22,7 +22,7 @@ from typing import Any
 
 from cruxd.errors import UsageError
 from tests.rig.fabric import Fabric
-from tests.rig.testbed import RING_PORT, EmuJob, Hop, Layout, SpineBytes
+from tests.rig.testbed import EmuJob, Hop, Layout, SpineBytes
 from tests.rig.testbed_churn import JobChurn, JobEvent
 
 # The ring's TCP, scaled with the fabric (tests/rig/ringjob.py): socket buffers of about
@@ -43,7 +43,7 @@ def _env() -> dict[str, str]:
 def start_job(f: Fabric, job: EmuJob, logdir: Path, duration_s: float,
               wrap: dict[str, list[str]] | None = None) -> list[subprocess.Popen[bytes]]:
     """The job's ranks, one per host; `wrap[host]` prefixes a rank's command (crux-run)."""
-    peers = ",".join(f"{f.address(h)}:{RING_PORT}" for h in job.hosts)
+    peers = ",".join(f"{f.address(h)}:{job.port}" for h in job.hosts)
     logdir.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank, host in enumerate(job.hosts):
@@ -91,14 +91,14 @@ def read_logs(logdir: Path, job: EmuJob) -> list[list[dict[str, float]]]:
 @contextlib.contextmanager
 def spine_bytes(f: Fabric, jobs: tuple[EmuJob, ...]) -> Iterator[Callable[[], SpineBytes]]:
     """While open, count the bytes of every job's ring hops between leaves on each spine
-    (nft counters on the sending leaf's uplinks, by addresses and the ring port)."""
+    (nft counters on the sending leaf's uplinks, by addresses and the job's ring port)."""
     with contextlib.ExitStack() as stack:
         readers: dict[str, dict[Hop, Callable[[], list[int]]]] = {}
         for job in jobs:
             for a, b in job.hops:
                 if f.leaf_of(a) != f.leaf_of(b):
                     readers.setdefault(job.id, {})[(a, b)] = stack.enter_context(
-                        f.uplink_counts(a, b, None, "tcp", RING_PORT, what="bytes"))
+                        f.uplink_counts(a, b, None, "tcp", job.port, what="bytes"))
         yield lambda: {j: {hop: read() for hop, read in hops.items()}
                        for j, hops in readers.items()}
 

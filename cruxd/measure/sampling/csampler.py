@@ -6,6 +6,9 @@ worth by default), so the Python thread wakes once per batch (bench/measure.py h
 numbers). Descriptors, failure logging and reopening stay with `CounterReader`, as in the
 Python loop: the two produce the same window from the same counters.
 
+The same loop reads the per-job byte counters (`JobBytes`, job_bytes.py): binary u64s in the
+job processes' record files, whose set is refreshed once per batch.
+
 `BatchSampler` raises `SamplerUnavailable` when the library is missing and cannot be built;
 the agent then samples in Python.
 """
@@ -24,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cruxd.errors import CruxError
+from cruxd.measure.sampling.job_bytes import JobBytes
 from cruxd.measure.sampling.nic import Counter, CounterReader
 from cruxd.measure.window import CounterWindow
 from transport import native
@@ -50,24 +54,33 @@ def load_library(path: Path | None = None) -> ctypes.CDLL:
             fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_uint, ctypes.c_int64, i64p,
                            ctypes.c_uint, ctypes.POINTER(ctypes.c_int),
                            ctypes.POINTER(ctypes.c_double), i64p]
+            try:
+                at = lib.crux_sample_batch_at
+            except AttributeError:  # a library built before it: a stale build, rebuild it
+                raise SamplerUnavailable("crux_sample_batch_at missing: rebuild the "
+                                         "sampler (make -C shim sampler)") from None
+            at.restype = ctypes.c_int
+            at.argtypes = [ctypes.POINTER(ctypes.c_int), i64p, ctypes.c_uint, ctypes.c_int64,
+                           i64p, ctypes.c_uint, ctypes.POINTER(ctypes.c_int),
+                           ctypes.POINTER(ctypes.c_double), i64p]
             _lib = lib
         return _lib
 
 
 class BatchSampler:
-    """Samples `counters` at `rate_hz` into a window, `batch_s` seconds per C call."""
+    """Samples `counters` (and `job_bytes`' counters, if any) at `rate_hz` into a window,
+    `batch_s` seconds per C call."""
 
     def __init__(self, counters: Sequence[Counter], rate_hz: float, reader: CounterReader,
-                 batch_s: float = 1.0) -> None:
-        if not counters:
+                 batch_s: float = 1.0, job_bytes: JobBytes | None = None) -> None:
+        if not counters and job_bytes is None:
             raise ValueError("no counters to sample")
-        self.fn = load_library().crux_sample_batch
-        self.counters, self.reader = list(counters), reader
+        self.fn = load_library().crux_sample_batch_at
+        self.counters, self.reader, self.job_bytes = list(counters), reader, job_bytes
         self.period_ns = round(1e9 / rate_hz)
         self.ticks = max(1, round(batch_s * rate_hz))
-        n = len(self.counters)
         self._t = (ctypes.c_double * self.ticks)()
-        self._values = (ctypes.c_int64 * (self.ticks * n))()
+        self._values = (ctypes.c_int64 * 0)()  # sized per batch: per-job counters come and go
         self._scale = np.array([c.scale for c in self.counters], dtype=float)
         self._stop = ctypes.c_int(0)  # read by the C loop every tick
 
@@ -82,12 +95,24 @@ class BatchSampler:
         deadline = ctypes.c_int64(0)
         while not stop.is_set() and not self._stop.value:
             fds, open_errors = self._descriptors()
-            got = self.fn((ctypes.c_int * n)(*fds), n, self.period_ns, ctypes.byref(deadline),
-                          self.ticks, ctypes.byref(self._stop), self._t, self._values)
+            extra = self.job_bytes.descriptors() if self.job_bytes is not None else []
+            width = n + len(extra)
+            if len(self._values) < self.ticks * width:
+                self._values = (ctypes.c_int64 * (self.ticks * width))()
+            offsets = [-1] * n + [off for _, off in extra]
+            got = self.fn((ctypes.c_int * width)(*fds, *(fd for fd, _ in extra)),
+                          (ctypes.c_int64 * width)(*offsets), width, self.period_ns,
+                          ctypes.byref(deadline), self.ticks, ctypes.byref(self._stop),
+                          self._t, self._values)
             if got < 0:
-                raise OSError(-got, f"crux_sample_batch: {os.strerror(-got)}")
-            if got:
-                window.extend(self._t[:got], self._rows(got, open_errors))
+                raise OSError(-got, f"crux_sample_batch_at: {os.strerror(-got)}")
+            if not got:
+                continue
+            raw = np.ctypeslib.as_array(self._values)[:got * width].reshape(got, width)
+            if n:
+                window.extend(self._t[:got], self._rows(raw[:, :n], open_errors))
+            if self.job_bytes is not None and extra:
+                self.job_bytes.add(self._t[:got], raw[:, n:].copy())
 
     def _descriptors(self) -> tuple[list[int], dict[int, OSError]]:
         fds, errors = [], {}
@@ -99,10 +124,8 @@ class BatchSampler:
                 errors[k] = exc
         return fds, errors
 
-    def _rows(self, got: int, open_errors: dict[int, OSError]
+    def _rows(self, raw: npt.NDArray[np.int64], open_errors: dict[int, OSError]
               ) -> npt.NDArray[np.float64]:
-        raw = np.ctypeslib.as_array(self._values)[:got * len(self.counters)]
-        raw = raw.reshape(got, len(self.counters))
         bad = raw < 0
         for k, c in enumerate(self.counters):
             failed = int(bad[:, k].sum())

@@ -1,4 +1,4 @@
-"""Which processes belong to a job: its registered pids and their descendants."""
+"""Which processes belong to a job: its registered pids and their descendants, from /proc."""
 
 from __future__ import annotations
 
