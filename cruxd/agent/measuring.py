@@ -224,8 +224,12 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
                 track.profiling_since = now
                 track.wants_profile = False
             elif jid not in profiling and track.profiling_since is not None:
-                self.estimate(jid, fresh=True)  # the whole window, up to its end
+                est = self.estimate(jid, fresh=True)  # the whole window, up to its end
                 track.profiling_since = None
+                if est is not None:
+                    LOG.info("job %s profiled from %s: period %.4g s, t_j %.4g s, W_j %.4g "
+                             "FLOP over %.3g s", jid, track.profiled_source, est.period_s,
+                             est.comm_s, est.flops_per_iter, est.window_s)
         for jid in profiling - self.tracks.keys():
             self.tracks[jid] = _JobTrack(profiling_since=now)
 
