@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.test_pcie_gate import LINK, Drive, prog, rig, sem  # noqa: F401 (fixtures)
+from tests.cbuild import build
+from tests.test_pcie_gate import LINK, Drive
+from tests.test_pcie_links import GATE_SOURCES
 from transport.pcie import PcieLocks
+from transport.pcie_links import DeviceLink, LinkMap, write_map
 from transport.qp_records import (
     MAGIC,
     ProcessRecords,
@@ -31,6 +34,28 @@ from transport.qp_records import (
 )
 
 DriveFactory = Callable[..., Drive]
+
+
+@pytest.fixture(scope="module")
+def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("cbin"), "gate_drive", GATE_SOURCES, "-pthread")
+
+
+@pytest.fixture
+def rig(prog: Path, tmp_path: Path) -> Iterator[DriveFactory]:
+    """A semaphore file and a map with the drivers' device (mlx5_0) on link LINK; yields a
+    factory of drivers (a level, and records=PATH to count), all killed at the end."""
+    PcieLocks.create(tmp_path / "pcie", 2).close()
+    write_map(tmp_path / "pcie-links", LinkMap(2, (DeviceLink("mlx5_0", LINK, None),)))
+    drives: list[Drive] = []
+
+    def make(level: int, **kw: object) -> Drive:
+        drives.append(Drive(prog, tmp_path, level, **kw))  # type: ignore[arg-type]
+        return drives[-1]
+
+    yield make
+    for d in drives:
+        d.close()
 
 
 def read(path: Path) -> ProcessRecords:
@@ -140,14 +165,14 @@ def test_many_threads_on_shared_and_own_qps_count_exactly(rig: DriveFactory,
     assert [counts(rec, 101 + t) for t in range(4)] == [(20000 * 64, 20000)] * 4
 
 
-def test_a_gated_qp_is_gated_and_counted(rig: DriveFactory, sem: PcieLocks,
-                                         tmp_path: Path) -> None:
+def test_a_gated_qp_is_gated_and_counted(rig: DriveFactory, tmp_path: Path) -> None:
     rec = tmp_path / "records"
     d = rig(3, records=rec)
-    d("qp 0", "post 0 2 0 300")
-    assert sem.stats(LINK).holder_pid == d.pid
-    d("done 0 2")
-    assert sem.stats(LINK).holder_pid == 0
+    with PcieLocks.open(tmp_path / "pcie") as sem:
+        d("qp 0", "post 0 2 0 300")
+        assert sem.stats(LINK).holder_pid == d.pid
+        d("done 0 2")
+        assert sem.stats(LINK).holder_pid == 0
     assert counts(rec, 100) == (600, 2) and qp(rec, 100).busy_ns > 0
 
 
