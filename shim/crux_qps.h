@@ -13,9 +13,10 @@
  *
  * Traffic counters (version 2): each record ends in the QP's struct crux_qps_counters, added to
  * by the wrapper's post_send/poll_cq trampolines (crux_gate.c) with relaxed atomic adds from
- * any thread. They sit outside the record's seqlock (the seqlock writers never store them), so
- * a reader takes each as one aligned 64-bit load: it may be a post or two behind the record's
- * other fields, never torn on x86-64. When a QP is destroyed its counts move into the header's
+ * any thread. They sit outside the record's seqlock (the seqlock writers never store them): a
+ * reader takes each as an aligned 64-bit word, a post or two behind or ahead of the record's
+ * other fields (the agent's pread copies aligned words whole in practice; nothing in the
+ * seqlock checks them). When a QP is destroyed its counts move into the header's
  * `retired` (record freed first, then added there: a reader that copies the file front to back
  * may miss them for one read, never count them twice), so a process's total only grows.
  * Version 1 files are the same layout with the counters' bytes reserved (zero).
