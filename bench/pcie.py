@@ -17,7 +17,9 @@ Protocol
       real semaphore and map files), one not (the baseline). ns per ibv_post_send (or per
       post + poll pair) through the trampoline minus the same call through the ungated
       context; median of --repeat runs of --gate-iters calls each. Target: < 100 ns added per
-      post on the uncontended path.
+      post on the uncontended path. The gated QPs also count their traffic into QP records, as
+      every connected QP of a job with an id does; the "counted" rows are a context that is
+      counted but not gated (crux_gate.h "Counting"): what per-QP attribution costs alone.
 
     .venv/bin/python bench/pcie.py [--iters N] [--repeat R] [--procs 2,4] [--gate-iters N]
 """
@@ -43,6 +45,9 @@ BENCH = BUILD / "bench_pcie"
 GATE = BUILD / "bench_gate"
 # (row, gated key, baseline key): what the gate adds to each kind of call
 GATE_ROWS = [
+    ("post, counted, not gated (per-QP traffic counters)", "counted_post", "base_post"),
+    ("post + poll, counted, not gated", "counted_pair", "base_pair"),
+    ("poll, empty CQ, counted, not gated", "counted_poll_empty", "base_poll_empty"),
     ("post, link held, nobody waiting (the fast path)", "gated_post", "base_post"),
     ("post, unsignaled WR", "unsignaled_post", "base_post"),
     ("post, link held, a lower level waiting", "waiter_post", "base_post"),

@@ -78,53 +78,88 @@ void crux_qps_count(void *base, int outcome)
                                   memory_order_relaxed);
 }
 
-int crux_qps_add(void *base, const struct crux_qps_record *rec)
+/* The seqlocked part of a record: everything before its counters, which the trampolines add
+ * to at any time and a record write must never store (it would undo their adds). */
+#define RECORD_WORDS ((int)(offsetof(struct crux_qps_record, counters) / 4))
+
+static void write_record(struct crux_qps_record *r, const struct crux_qps_record *val)
+{
+    crux_seq_write_words(r, val, RECORD_WORDS);
+}
+
+static _Atomic uint64_t *counter(uint64_t *field)
+{
+    return (_Atomic uint64_t *)field;
+}
+
+static void retire(uint64_t *from, uint64_t *to)
+{
+    uint64_t v = atomic_exchange_explicit(counter(from), 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(counter(to), v, memory_order_release);
+}
+
+static struct crux_qps_record *find_live(void *base, uint32_t qpn, const char *device)
 {
     struct crux_qps_header *h = base;
     struct crux_qps_record *r = records(base);
+    for (uint32_t i = 0; i < h->used; i++)
+        if (r[i].state == CRUX_QPS_LIVE && r[i].qpn == qpn &&
+            strncmp(r[i].device, device, sizeof r[i].device - 1) == 0)
+            return &r[i];
+    return NULL;
+}
+
+struct crux_qps_counters *crux_qps_add(void *base, const struct crux_qps_record *rec)
+{
+    struct crux_qps_header *h = base;
+    struct crux_qps_record *r = records(base);
+    struct crux_qps_record val = *rec;
+    val.state = CRUX_QPS_LIVE;
+    struct crux_qps_record *same = find_live(base, rec->qpn, rec->device);
+    if (same != NULL) { /* connected again (after a reset): one record, its counts go on */
+        write_record(same, &val);
+        return &same->counters;
+    }
     uint32_t used = h->used;
     for (uint32_t i = 0; i < h->capacity; i++) {
         if (i < used && r[i].state != CRUX_QPS_FREE)
             continue;
-        struct crux_qps_record val = *rec;
-        val.state = CRUX_QPS_LIVE;
-        crux_seq_write128(&r[i], &val);
+        /* a free slot's counters are zero (crux_qps_remove) unless a post raced a destroy */
+        atomic_store_explicit(counter(&r[i].counters.bytes_posted), 0, memory_order_relaxed);
+        atomic_store_explicit(counter(&r[i].counters.wrs_posted), 0, memory_order_relaxed);
+        atomic_store_explicit(counter(&r[i].counters.busy_ns), 0, memory_order_relaxed);
+        write_record(&r[i], &val);
         if (i >= used) /* the record before the count that exposes it */
             atomic_store_explicit((_Atomic uint32_t *)&h->used, i + 1, memory_order_release);
-        return 0;
+        return &r[i].counters;
     }
-    return -1;
+    return NULL;
 }
 
 void crux_qps_repath(void *base, uint32_t qpn, const char *device, uint16_t sport)
 {
-    struct crux_qps_header *h = base;
-    struct crux_qps_record *r = records(base);
-    for (uint32_t i = 0; i < h->used; i++) {
-        if (r[i].state != CRUX_QPS_LIVE || r[i].qpn != qpn ||
-            strncmp(r[i].device, device, sizeof r[i].device - 1) != 0)
-            continue;
-        struct crux_qps_record val = r[i]; /* the only writer: a plain copy is consistent */
-        val.sport = sport;
-        int32_t fl = crux_flow_label_for(sport);
-        val.flow_label = fl < 0 ? 0 : (uint32_t)fl;
-        crux_seq_write128(&r[i], &val);
+    struct crux_qps_record *r = find_live(base, qpn, device);
+    if (r == NULL)
         return;
-    }
+    struct crux_qps_record val = *r; /* the only writer of these fields: a consistent copy */
+    val.sport = sport;
+    int32_t fl = crux_flow_label_for(sport);
+    val.flow_label = fl < 0 ? 0 : (uint32_t)fl;
+    write_record(r, &val);
 }
 
 void crux_qps_remove(void *base, uint32_t qpn, const char *device)
 {
     struct crux_qps_header *h = base;
-    struct crux_qps_record *r = records(base);
-    for (uint32_t i = 0; i < h->used; i++) {
-        if (r[i].state != CRUX_QPS_LIVE || r[i].qpn != qpn)
-            continue;
-        if (strncmp(r[i].device, device, sizeof r[i].device - 1) != 0)
-            continue;
-        struct crux_qps_record val;
-        memset(&val, 0, sizeof val);
-        crux_seq_write128(&r[i], &val);
+    struct crux_qps_record *r = find_live(base, qpn, device);
+    if (r == NULL)
         return;
-    }
+    struct crux_qps_record val;
+    memset(&val, 0, sizeof val);
+    write_record(r, &val);
+    /* Freed first, then retired: a reader copying the file front to back (header first) may
+     * miss this QP's counts for one read, but never sees them both here and in the header. */
+    retire(&r->counters.bytes_posted, &h->retired.bytes_posted);
+    retire(&r->counters.wrs_posted, &h->retired.wrs_posted);
+    retire(&r->counters.busy_ns, &h->retired.busy_ns);
 }

@@ -1,7 +1,8 @@
 /*
  * crux_gate.c - the gate's data path: hold the job's PCIe link semaphore while its RDMA
  * traffic crosses the link (policy and fail-open rules: crux_gate.h; state:
- * crux_gate_state.h), the ops trampolines, and the wrapper's QP/context hooks.
+ * crux_gate_state.h), the ops trampolines, and the wrapper's QP/context hooks. The
+ * trampolines also count each QP's traffic into its record (crux_gate.h, "Counting").
  *
  * The hold protocol is a Dekker pair: a post makes `busy` positive, then reads `held`; a
  * release clears `held`, then reads `busy` and keeps the link if a post came in between. One of
@@ -101,18 +102,74 @@ static void link_idle(struct glink *l)
     pthread_mutex_unlock(&l->m);
 }
 
-/* n signaled WRs posted on q. */
+/* ---- counting (crux_qps.h: struct crux_qps_counters) ------------------------------------ */
+
+static inline void add(uint64_t *field, uint64_t n)
+{
+    atomic_fetch_add_explicit((_Atomic uint64_t *)field, n, RELAXED);
+}
+
+/* Busy time of q up to `now`: what passed since the last mark. Called at every completion;
+ * another thread's completion or post may move the mark meanwhile, and the exchange gives each
+ * nanosecond to one caller only. */
+static inline void busy_until(struct gqp *q, uint64_t now)
+{
+    uint64_t prev = atomic_exchange_explicit(&q->mark, now, RELAXED);
+    struct crux_qps_counters *k = atomic_load_explicit(&q->rec, memory_order_acquire);
+    if (k != NULL && now > prev)
+        add(&k->busy_ns, now - prev);
+}
+
+/* Does this opcode carry the sg_list's bytes out of this NIC? A READ's bytes come in (they
+ * are the peer's traffic); an atomic's 8 bytes and the memory-window verbs carry no data. */
+static inline int egress(enum ibv_wr_opcode op)
+{
+    return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE ||
+           op == IBV_WR_RDMA_WRITE_WITH_IMM || op == IBV_WR_SEND_WITH_INV || op == IBV_WR_TSO;
+}
+
+/* The WRs from `wr` up to `stop` (exclusive), which the provider accepted: it has checked
+ * their num_sge against the QP, so reading their sg_lists cannot run past them. */
+static inline void count_posted(struct gqp *q, const struct ibv_send_wr *wr,
+                                const struct ibv_send_wr *stop)
+{
+    struct crux_qps_counters *k = atomic_load_explicit(&q->rec, memory_order_acquire);
+    if (k == NULL)
+        return;
+    uint64_t bytes = 0, wrs = 0;
+    for (; wr != NULL && wr != stop; wr = wr->next, wrs++)
+        if (egress(wr->opcode))
+            for (int i = 0; i < wr->num_sge; i++)
+                bytes += wr->sg_list[i].length;
+    if (wrs > 0)
+        add(&k->wrs_posted, wrs);
+    if (bytes > 0)
+        add(&k->bytes_posted, bytes);
+}
+
+/* ---- outstanding work ------------------------------------------------------------------- */
+
+/* n signaled WRs posted on q (its link l, NULL when it is not gated). */
 static inline void qp_posted(struct glink *l, struct gqp *q, int64_t n)
 {
-    if (atomic_fetch_add(&q->out, n) == 0)
+    if (atomic_fetch_add(&q->out, n) == 0) {
+        /* idle -> busy: busy time starts now (before the provider sees the WRs, so before any
+         * of their completions) */
+        atomic_store_explicit(&q->mark, now_ns(), RELAXED);
+        if (l == NULL)
+            return;
         atomic_fetch_add(&l->busy, 1);
+    } else if (l == NULL) {
+        return;
+    }
     if (__builtin_expect(atomic_load(&l->held) && !must_yield(l), 1))
         return;
     link_slow(l);
 }
 
-/* n of q's signaled WRs done (or, for an error, maybe): clamp at zero, idle the link. */
-static void qp_done(struct glink *l, struct gqp *q, int64_t n)
+/* n of q's signaled WRs done (or, for an error, maybe) at `now`: clamp at zero, count the busy
+ * time, idle the link. */
+static void qp_done(struct glink *l, struct gqp *q, int64_t n, uint64_t now)
 {
     int64_t v = atomic_load_explicit(&q->out, RELAXED), left;
     do {
@@ -120,7 +177,8 @@ static void qp_done(struct glink *l, struct gqp *q, int64_t n)
             return;
         left = v > n ? v - n : 0;
     } while (!atomic_compare_exchange_weak(&q->out, &v, left));
-    if (left == 0 && atomic_fetch_sub(&l->busy, 1) <= 1)
+    busy_until(q, now);
+    if (left == 0 && l != NULL && atomic_fetch_sub(&l->busy, 1) <= 1)
         link_idle(l);
 }
 
@@ -141,17 +199,22 @@ static int gate_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
         return EINVAL;
     struct gqp *q = qp_find(qp_key(c, qp->qp_num));
     if (q == NULL) {
-        if (signaled(wr, 0) > 0)
+        if (atomic_load_explicit(&c->link, RELAXED) != NULL && signaled(wr, 0) > 0)
             count(ungated[CRUX_UNGATED_UNTRACKED], 1);
         return c->post_send(qp, wr, bad);
     }
     int all = atomic_load_explicit(&q->sig_all, RELAXED);
     int64_t n = signaled(wr, all);
-    if (n > 0)
-        qp_posted(c->link, q, n);
+    if (n > 0) {
+        if (q->link == NULL && atomic_load_explicit(&c->link, RELAXED) != NULL)
+            count(ungated[CRUX_UNGATED_UNTRACKED], 1); /* created before its context was gated */
+        qp_posted(q->link, q, n);
+    }
     int rc = c->post_send(qp, wr, bad);
+    struct ibv_send_wr *stop = rc == 0 ? NULL : bad != NULL && *bad != NULL ? *bad : wr;
+    count_posted(q, wr, stop);
     if (rc != 0 && n > 0) /* WRs from *bad on were not posted: they will never complete */
-        qp_done(c->link, q, bad != NULL && *bad != NULL ? signaled(*bad, all) : n);
+        qp_done(q->link, q, bad != NULL && *bad != NULL ? signaled(*bad, all) : n, now_ns());
     return rc;
 }
 
@@ -161,19 +224,24 @@ static int gate_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
     if (c == NULL)
         return -1;
     int n = c->poll_cq(cq, num, wc);
+    uint64_t now = 0; /* read once per poll, and only for a completion that needs it */
     for (int i = 0; i < n; i++) {
         /* a receive is the peer's traffic, gated by its own host; an error entry's opcode is
          * undefined, so it counts as a send (clamped at zero) */
         if ((wc[i].opcode & IBV_WC_RECV) && wc[i].status == IBV_WC_SUCCESS)
             continue;
         struct gqp *q = qp_find(qp_key(c, wc[i].qp_num));
-        if (q != NULL)
-            qp_done(c->link, q, 1);
+        if (q == NULL)
+            continue;
+        if (now == 0)
+            now = now_ns();
+        qp_done(q->link, q, 1, now);
     }
     return n;
 }
 
-/* The context's slot, gated if it can be (its ops swapped); NULL when every slot is taken. */
+/* The context's slot, gated if it can be, its ops swapped for the trampolines when it is gated
+ * or counted; NULL when every slot is taken. */
 static struct gctx *ctx_gate(struct ibv_context *ctx)
 {
     struct gctx *c = ctx_find(ctx);
@@ -202,14 +270,18 @@ static struct gctx *ctx_gate(struct ibv_context *ctx)
             fprintf(stderr, "crux-shim: pcie gate %s: %s%s%s\n", ctx->device->name,
                     crux_gate_reason_names[why], err[0] ? ": " : "", err);
         c->retry_ns = now_ns() + RETRY_NS;
-        return c;
+    } else {
+        if (g.cfg.log)
+            fprintf(stderr, "crux-shim: pcie gate %s: gated, link %u level %u\n",
+                    ctx->device->name, l->link, atomic_load(&l->level));
+        atomic_store(&c->link, l);
     }
-    if (g.cfg.log)
-        fprintf(stderr, "crux-shim: pcie gate %s: gated, link %u level %u\n",
-                ctx->device->name, l->link, atomic_load(&l->level));
+    if (c->swapped || (l == NULL && !g.cfg.count))
+        return c;
+    /* Once per context: a second swap would keep our own trampolines as "the provider's". */
     c->post_send = ctx->ops.post_send;
     c->poll_cq = ctx->ops.poll_cq;
-    c->link = l;
+    c->swapped = 1;
     /* callers on other threads see the old or the new pointer; both work */
     atomic_store_explicit((_Atomic post_send_fn *)&ctx->ops.post_send, gate_post_send,
                           memory_order_release);
@@ -226,7 +298,7 @@ void crux_gate_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr *attr
         return;
     pthread_mutex_lock(&g.lock);
     struct gctx *c = ctx_gate(qp->context);
-    if (c != NULL && c->link != NULL) {
+    if (c != NULL && c->swapped) {
         uint64_t key = qp_key(c, qp->qp_num);
         struct gqp *q = qp_find(key); /* a QPN reused behind our back: start it afresh */
         for (unsigned i = qp_home(key), n = 0; q == NULL && n < QP_SLOTS;
@@ -235,9 +307,12 @@ void crux_gate_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr *attr
             if (k == KEY_EMPTY || k == KEY_DELETED)
                 q = &g.qps[i];
         }
-        if (q != NULL) { /* a full table leaves the QP untracked: its posts go ungated */
+        if (q != NULL) { /* a full table leaves the QP untracked: ungated and uncounted */
             atomic_store(&q->out, 0);
             atomic_store(&q->sig_all, attr != NULL && attr->sq_sig_all);
+            atomic_store(&q->rec, NULL); /* until its record is written: crux_gate_qp_counters */
+            atomic_store(&q->mark, 0);
+            q->link = c->link;
             atomic_store_explicit(&q->key, key, memory_order_release);
         }
     }
@@ -247,15 +322,17 @@ void crux_gate_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr *attr
 void crux_gate_qp_destroyed(struct ibv_qp *qp)
 {
     struct gctx *c = qp != NULL ? ctx_find(qp->context) : NULL;
-    if (c == NULL || c->link == NULL)
+    if (c == NULL || !c->swapped)
         return;
     uint64_t key = qp_key(c, qp->qp_num);
     struct gqp *q = qp_find(key);
     if (q == NULL)
         return;
-    /* Its unpolled completions will never be counted: let the link go idle now. Outside
-     * g.lock, which must not wait for a link mutex that a blocked acquire may hold. */
-    qp_done(c->link, q, INT64_MAX);
+    /* Its unpolled completions will never be counted: let the link go idle now (its busy time
+     * ends here). Outside g.lock, which must not wait for a link mutex that a blocked acquire
+     * may hold. Then its record is freed by the wrapper: stop counting into it first. */
+    qp_done(q->link, q, INT64_MAX, now_ns());
+    atomic_store_explicit(&q->rec, NULL, memory_order_release);
     pthread_mutex_lock(&g.lock);
     unsigned i = (unsigned)(q - g.qps);
     if (atomic_load(&q->key) != key) {
@@ -270,6 +347,14 @@ void crux_gate_qp_destroyed(struct ibv_qp *qp)
             atomic_store(&g.qps[i].key, KEY_EMPTY);
     }
     pthread_mutex_unlock(&g.lock);
+}
+
+void crux_gate_qp_counters(struct ibv_qp *qp, struct crux_qps_counters *k)
+{
+    struct gctx *c = qp != NULL ? ctx_find(qp->context) : NULL;
+    struct gqp *q = c != NULL && c->swapped ? qp_find(qp_key(c, qp->qp_num)) : NULL;
+    if (q != NULL)
+        atomic_store_explicit(&q->rec, k, memory_order_release);
 }
 
 void crux_gate_context_closed(struct ibv_context *ctx)

@@ -29,6 +29,14 @@
  * Level: the job-wide decision-table entry's plan level (0 lowest), capped at the semaphore's
  * top level 7; re-read at most once a second when the link is taken.
  *
+ * Counting (crux_qps.h, struct crux_qps_counters): with `count` set (the wrapper sets it when
+ * the job has an id), every context gets the trampolines, gated or not, and they add each
+ * connected QP's bytes posted, WRs posted and busy time to its record. A QP's busy time is
+ * the gate's notion of busy above (signaled send WRs outstanding), measured with
+ * CLOCK_MONOTONIC from the post that made it busy and brought up to date at every completion
+ * polled. What NCCL leaves unsignaled (a chain's WRs before its last, the receiver's credit
+ * writes) rides inside the signaled spans or is not timed; its bytes are counted all the same.
+ *
  * Fail open: whatever is missing or wrong leaves the context ungated (counted by reason in
  * `contexts`, looked at again at most once a second on later QP creations), and a failed or
  * too long acquire lets that post go ahead ungated (counted in `ungated`).
@@ -39,6 +47,8 @@
 #include <infiniband/verbs.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "crux_qps.h"
 
 /* Why a device context is (not) gated: index into crux_gate_stats.contexts. */
 enum crux_gate_reason {
@@ -80,6 +90,7 @@ struct crux_gate_config {
     uint64_t quantum_ns;    /* hold quantum against equal levels */
     int64_t max_wait_ns;    /* longest wait for the link before a post goes ungated; < 0 never */
     int log;                /* 1: a stderr line per context evaluated, and stats at exit */
+    int count;              /* 1: trampolines on every context, counting QP traffic */
 };
 
 #define CRUX_GATE_QUANTUM_NS 1000000ull        /* 1 ms */
@@ -89,14 +100,19 @@ struct crux_gate_config {
  * the first QP. */
 void crux_gate_configure(const struct crux_gate_config *cfg);
 /* The same from the environment: CRUX_PCIE (default <table dir>/pcie), CRUX_PCIE_LINKS
- * (default <table dir>/pcie-links), CRUX_PCIE_QUANTUM_US, CRUX_PCIE_MAX_WAIT_MS (0: no limit). */
-void crux_gate_configure_env(const char *table_dir, int (*job_level)(void), int log);
+ * (default <table dir>/pcie-links), CRUX_PCIE_QUANTUM_US, CRUX_PCIE_MAX_WAIT_MS (0: no limit);
+ * `count` as in the config. */
+void crux_gate_configure_env(const char *table_dir, int (*job_level)(void), int log,
+                             int count);
 
 /* The wrapper's hooks: after a successful ibv_create_qp, before ibv_destroy_qp, before
  * ibv_close_device. */
 void crux_gate_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr *attr);
 void crux_gate_qp_destroyed(struct ibv_qp *qp);
 void crux_gate_context_closed(struct ibv_context *ctx);
+/* After the QP's record is written (crux_qps_add): count its traffic into `k` from now on
+ * (NULL: stop counting it). No effect unless counting is on and the QP was created after. */
+void crux_gate_qp_counters(struct ibv_qp *qp, struct crux_qps_counters *k);
 
 void crux_gate_stats(struct crux_gate_stats *out);
 extern const char *const crux_gate_reason_names[CRUX_GATE_REASONS];

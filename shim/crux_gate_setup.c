@@ -88,11 +88,15 @@ void crux_gate_stats(struct crux_gate_stats *out)
 
 /* ---- configuration, fork, exit ---------------------------------------------------------- */
 
-/* A forked child holds nothing: the semaphore names the parent's pid. */
+/* A forked child holds nothing: the semaphore names the parent's pid. Nor does it count into
+ * the parent's records, whose mapping the wrapper drops in the child (crux_ibverbs.c). */
 static void forget_holds(void)
 {
     for (unsigned i = 0; i < g.nlinks; i++)
         atomic_store(&g.links[i].held, 0);
+    for (unsigned i = 0; i < QP_SLOTS; i++)
+        if (atomic_load_explicit(&g.qps[i].rec, RELAXED) != NULL)
+            atomic_store(&g.qps[i].rec, NULL);
 }
 
 static void log_stats(void)
@@ -163,7 +167,8 @@ static const char *env_path(char *buf, size_t len, const char *name, const char 
     return buf;
 }
 
-void crux_gate_configure_env(const char *table_dir, int (*job_level)(void), int log)
+void crux_gate_configure_env(const char *table_dir, int (*job_level)(void), int log,
+                             int count)
 {
     static char sem[4096], map[4096];
     uint64_t wait_ms = env_num("CRUX_PCIE_MAX_WAIT_MS", CRUX_GATE_MAX_WAIT_NS / 1000000);
@@ -174,6 +179,7 @@ void crux_gate_configure_env(const char *table_dir, int (*job_level)(void), int 
         .quantum_ns = env_num("CRUX_PCIE_QUANTUM_US", CRUX_GATE_QUANTUM_NS / 1000) * 1000,
         .max_wait_ns = wait_ms == 0 ? -1 : (int64_t)wait_ms * 1000000,
         .log = log,
+        .count = count,
     };
     crux_gate_configure(&cfg);
 }

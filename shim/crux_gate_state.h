@@ -6,12 +6,15 @@
  * State, all in this process:
  *   - contexts: the device contexts seen, with the provider's original post_send/poll_cq and
  *     the link they are gated on (NULL: not gated). Slots are never moved, so the trampolines
- *     scan them without a lock;
+ *     scan them without a lock. A context's trampolines go in once (when it is gated, or at
+ *     once when counting is on) and stay;
  *   - links: per semaphore link, `held` (this process holds it) and `busy` (QPs with signaled
  *     WRs outstanding), plus a mutex that only the idle<->busy transitions and yields take;
  *   - QPs: an open-addressing table keyed by (context slot, QPN), because a completion names
- *     its QP only by number. Inserts and deletes run under the setup lock; lookups are
- *     lock-free (the key is published last, with release).
+ *     its QP only by number. Each keeps the link it was created under (NULL: counted only), so
+ *     a context gated later does not gate QPs whose outstanding WRs the link never counted.
+ *     Inserts and deletes run under the setup lock; lookups are lock-free (the key is
+ *     published last, with release).
  */
 #ifndef CRUX_GATE_STATE_H
 #define CRUX_GATE_STATE_H
@@ -51,7 +54,8 @@ struct gctx {
     struct ibv_context *_Atomic ctx; /* NULL: free slot */
     post_send_fn post_send;
     poll_cq_fn poll_cq;
-    struct glink *link; /* NULL: not gated */
+    struct glink *_Atomic link; /* NULL: not gated */
+    int swapped;                /* the trampolines are in (post_send/poll_cq are the provider's) */
     uint64_t retry_ns;
 };
 
@@ -59,6 +63,9 @@ struct gqp {
     _Atomic uint64_t key; /* (context slot + 1) << 32 | QPN */
     _Atomic int64_t out;  /* signaled WRs posted, not yet polled */
     _Atomic int sig_all;
+    struct glink *link;   /* the context's link when the QP was created; NULL: not gated */
+    struct crux_qps_counters *_Atomic rec; /* its record's counters (NULL: not counted) */
+    _Atomic uint64_t mark; /* busy time is counted up to here (CLOCK_MONOTONIC ns) */
 };
 
 struct crux_gate_state {

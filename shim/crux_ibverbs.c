@@ -23,11 +23,14 @@
  *
  * PCIe gating (crux_gate.h): ibv_create_qp hands each QP to the gate, which swaps the context's
  * post_send/poll_cq for trampolines holding the job's PCIe link semaphore while it has RDMA
- * work outstanding.
+ * work outstanding. With a job id the trampolines go in on every context, gated or not, and
+ * count each recorded QP's bytes, WRs and busy time into its record (per-job attribution).
  *
  * Environment: CRUX_JOB_ID, CRUX_DECISION_TABLE (default /run/crux/decisions), CRUX_QP_DIR
  * (default: the table's directory + /qps), CRUX_SHIM_LOG=1 (one stderr line per connect),
- * CRUX_PCIE and CRUX_PCIE_LINKS (default: the table's directory + /pcie, /pcie-links).
+ * CRUX_PCIE and CRUX_PCIE_LINKS (default: the table's directory + /pcie, /pcie-links),
+ * CRUX_QP_COUNTERS=off (no trampolines for counting: a job that is not gated is then left with
+ * the provider's post_send/poll_cq).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -110,7 +113,8 @@ static void init_once(void)
     if (st.qps_dir[0] == '\0')
         snprintf(st.qps_dir, sizeof st.qps_dir, "%.4000s/qps", table_dir);
     st.log = env_or("CRUX_SHIM_LOG", "0")[0] == '1';
-    crux_gate_configure_env(table_dir, job_level, st.log);
+    int count = st.job[0] != '\0' && strcmp(env_or("CRUX_QP_COUNTERS", "on"), "off") != 0;
+    crux_gate_configure_env(table_dir, job_level, st.log, count);
     static const struct crux_repath_hooks hooks = {decided_sport, repathed};
     crux_repath_configure(&hooks, 1000, st.log);
 }
@@ -217,8 +221,10 @@ static void record(struct ibv_qp *qp, const struct ibv_qp_attr *orig,
     r.created_ns = now_ns(CLOCK_REALTIME_COARSE); /* a timestamp for people: ms will do */
     if (f != NULL) {
         crux_qps_count(f, d->outcome);
-        if (crux_qps_add(f, &r) != 0)
+        struct crux_qps_counters *k = crux_qps_add(f, &r);
+        if (k == NULL)
             crux_qps_count(f, CRUX_OUT_RECORDS_FULL);
+        crux_gate_qp_counters(qp, k); /* counted from here on: the QP is not RTS yet */
     }
     if (st.log) {
         char peer[INET6_ADDRSTRLEN] = "?";

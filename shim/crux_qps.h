@@ -10,6 +10,16 @@
  * processes that are gone. Host byte order; the file never leaves the host.
  *
  * Layout: a 192-byte header, then `capacity` records of 128 bytes. See docs/shim.md.
+ *
+ * Traffic counters (version 2): each record ends in the QP's struct crux_qps_counters, added to
+ * by the wrapper's post_send/poll_cq trampolines (crux_gate.c) with relaxed atomic adds from
+ * any thread. They sit outside the record's seqlock (the seqlock writers never store them): a
+ * reader takes each as an aligned 64-bit word, a post or two behind or ahead of the record's
+ * other fields (the agent's pread copies aligned words whole in practice; nothing in the
+ * seqlock checks them). When a QP is destroyed its counts move into the header's
+ * `retired` (record freed first, then added there: a reader that copies the file front to back
+ * may miss them for one read, never count them twice), so a process's total only grows.
+ * Version 1 files are the same layout with the counters' bytes reserved (zero).
  */
 #ifndef CRUX_QPS_H
 #define CRUX_QPS_H
@@ -18,7 +28,7 @@
 #include <stdint.h>
 
 #define CRUX_QPS_MAGIC 0x3153505158555243ULL /* "CRUXQPS1" read as a little-endian u64 */
-#define CRUX_QPS_VERSION 1
+#define CRUX_QPS_VERSION 2
 #define CRUX_QPS_HEADER_SIZE 192
 #define CRUX_QPS_RECORD_SIZE 128
 #define CRUX_QPS_CAPACITY 1024 /* QPs per process; NCCL uses a few per peer and channel */
@@ -37,6 +47,15 @@ enum crux_outcome {
     CRUX_OUT_COUNT = 8
 };
 
+/* One QP's send-side traffic, as its process posted it (docs/shim.md "QP records"). */
+struct crux_qps_counters {
+    uint64_t bytes_posted; /* sg_list bytes of SEND(_WITH_IMM/_WITH_INV), RDMA_WRITE(_WITH_IMM)
+                              and TSO WRs the provider accepted; not RDMA_READ or atomics */
+    uint64_t wrs_posted;   /* every WR the provider accepted, any opcode */
+    uint64_t busy_ns;      /* CLOCK_MONOTONIC ns with signaled send WRs outstanding, seen at
+                              each completion polled (so up to date as of the last poll) */
+};
+
 #define CRUX_QPS_FREE 0
 #define CRUX_QPS_LIVE 1
 
@@ -51,7 +70,7 @@ struct crux_qps_header {
     uint64_t counters[CRUX_OUT_COUNT]; /* intercepted connects, by outcome */
     char job_id[64];         /* $CRUX_JOB_ID, NUL-padded; empty without one */
     uint64_t calls;          /* every intercepted ibv_modify_qp with IBV_QP_AV */
-    uint8_t reserved[24];
+    struct crux_qps_counters retired; /* summed over this process's destroyed QPs (v2) */
 };
 
 struct crux_qps_record {
@@ -75,17 +94,21 @@ struct crux_qps_record {
     uint64_t plan_generation;   /* plan of the decision applied (0: none) */
     uint64_t table_generation;  /* table generation at connect time */
     uint64_t created_ns;        /* CLOCK_REALTIME */
-    uint8_t reserved[24];
+    struct crux_qps_counters counters; /* v2; outside the seqlock: see the top of this file */
 };
 
 _Static_assert(offsetof(struct crux_qps_header, counters) == 32, "counters offset");
 _Static_assert(offsetof(struct crux_qps_header, job_id) == 96, "job_id offset");
 _Static_assert(offsetof(struct crux_qps_header, calls) == 160, "calls offset");
+_Static_assert(offsetof(struct crux_qps_header, retired) == 168, "retired offset");
 _Static_assert(sizeof(struct crux_qps_header) == CRUX_QPS_HEADER_SIZE, "qps header size");
 _Static_assert(offsetof(struct crux_qps_record, sport) == 24, "sport offset");
 _Static_assert(offsetof(struct crux_qps_record, dgid) == 32, "dgid offset");
 _Static_assert(offsetof(struct crux_qps_record, device) == 48, "device offset");
 _Static_assert(offsetof(struct crux_qps_record, plan_generation) == 80, "plan gen offset");
+_Static_assert(offsetof(struct crux_qps_record, counters) == 104, "counters offset");
+_Static_assert(offsetof(struct crux_qps_record, counters) % 64 + sizeof(struct crux_qps_counters)
+               <= 64, "counters in one cache line");
 _Static_assert(sizeof(struct crux_qps_record) == CRUX_QPS_RECORD_SIZE, "qps record size");
 
 #endif /* CRUX_QPS_H */

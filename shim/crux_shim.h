@@ -51,11 +51,13 @@ void crux_qps_init(void *base, size_t len, uint32_t pid, const char *job_id);
 /* Count an intercepted connect by outcome (atomic: any thread, no lock needed). */
 void crux_qps_count(void *base, int outcome);
 
-/* Record a connected QP; -1 if every slot is live (the caller counts RECORDS_FULL). Single
- * writer: the caller serialises calls for one file. */
-int crux_qps_add(void *base, const struct crux_qps_record *rec);
+/* Record a connected QP and return its traffic counters (for crux_gate_qp_counters); a QP
+ * connected again keeps its record and counts. NULL if every slot is live (the caller counts
+ * RECORDS_FULL). Single writer: the caller serialises calls for one file. */
+struct crux_qps_counters *crux_qps_add(void *base, const struct crux_qps_record *rec);
 
-/* Free the record of `qpn` on `device` if there is one (ibv_destroy_qp). Single writer. */
+/* Free the record of `qpn` on `device` if there is one (ibv_destroy_qp), its counts moving to
+ * the header's `retired`. Single writer. */
 void crux_qps_remove(void *base, uint32_t qpn, const char *device);
 
 /* The live QP `qpn` on `device` now sends from `sport` (an mlx5 re-path, crux_repath.h).

@@ -350,22 +350,29 @@ static inline int crux_table_decision(const void *base, size_t len, const char *
     return crux__table_find(base, len, job_id, peer, 1, out);
 }
 
-/* Single-writer seqlock store of one 128-byte record whose first word is its seq (decision
- * table entries, and the shim's QP records in crux_qps.h). The seq in *val is ignored. */
-static inline void crux_seq_write128(void *rec, const void *val)
+/* Single-writer seqlock store of the first `words` 32-bit words (at most 32) of a record whose
+ * first word is its seq; the words after them are left alone (the QP records' counters, which
+ * others add to: crux_qps.h). The seq in *val is ignored. */
+static inline void crux_seq_write_words(void *rec, const void *val, int words)
 {
     _Atomic uint32_t *seq = (_Atomic uint32_t *)rec;
     uint32_t s = atomic_load_explicit(seq, memory_order_relaxed);
     atomic_store_explicit(seq, s + 1, memory_order_relaxed);
     /* The odd seq must be visible before any body store. */
     atomic_thread_fence(memory_order_release);
-    uint32_t words[CRUX__WORDS];
-    memcpy(words, val, sizeof words);
+    uint32_t w[CRUX__WORDS];
+    memcpy(w, val, (size_t)words * 4);
     _Atomic uint32_t *dst = (_Atomic uint32_t *)rec;
-    for (int i = 1; i < CRUX__WORDS; i++)
-        atomic_store_explicit(&dst[i], words[i], memory_order_relaxed);
+    for (int i = 1; i < words; i++)
+        atomic_store_explicit(&dst[i], w[i], memory_order_relaxed);
     /* Body before the even seq. */
     atomic_store_explicit(seq, s + 2, memory_order_release);
+}
+
+/* The same for a whole 128-byte record (decision table entries). */
+static inline void crux_seq_write128(void *rec, const void *val)
+{
+    crux_seq_write_words(rec, val, CRUX__WORDS);
 }
 
 /* Writer side (single writer only): replace entry *e with *val under the seqlock. */

@@ -35,9 +35,11 @@ class Drive:
 
     def __init__(self, prog: Path, tmp: Path, level: int, *, device: str = "mlx5_0",
                  pcie: Path | None = None, links: Path | None = None, quantum_us: int = 1000,
-                 max_wait_ms: int = 30000) -> None:
+                 max_wait_ms: int = 30000, records: Path | None = None) -> None:
+        """records: count traffic into a QP records file there (tests/test_qp_counters.py)."""
         args = [str(prog), str(pcie or tmp / "pcie"), str(links or tmp / "pcie-links"),
-                str(level), device, str(quantum_us), str(max_wait_ms)]
+                str(level), device, str(quantum_us), str(max_wait_ms),
+                *([str(records)] if records else [])]
         self.log = tmp / f"drive-{time.monotonic_ns()}.log"
         with open(self.log, "w") as err:
             self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -31,7 +31,7 @@ from transport.pcie_links import (
 
 SYSFS = Path(__file__).resolve().parent / "fixtures" / "sysfs-pcie"
 GATE_SOURCES = ["tests/c/gate_drive.c", "shim/crux_gate.c", "shim/crux_gate_setup.c",
-                "shim/crux_links.c", "shim/crux_pcie.c"]
+                "shim/crux_links.c", "shim/crux_pcie.c", "shim/crux_decide.c"]
 GOOD = b"# c\ncrux-pcie-links 1 3\nmlx5_0 1 0000:04:00.0\n\nrxe0 0 -\nx.y-z_9 2 abcdef01:ff:1f.7\n"
 
 

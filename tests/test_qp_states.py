@@ -21,9 +21,10 @@ def records_file(path: Path, pid: int, job: str,
     for qpn, outcome, sport, tc in qps:
         counters[OUTCOMES.index(outcome)] += 1
         body += _RECORD.pack(2, 1, OUTCOMES.index(outcome), 1, 3, qpn, qpn + 1, 0,
-                             sport & 0x3FFF, sport, 40, tc, 1, tc >> 2, B, b"mlx5_0", 5, 9, 0)
+                             sport & 0x3FFF, sport, 40, tc, 1, tc >> 2, B, b"mlx5_0", 5, 9, 0,
+                             0, 0, 0)
     head = _HEADER.pack(MAGIC, 1, 192, 128, len(qps), pid, len(qps), *counters,
-                        job.encode(), len(qps))
+                        job.encode(), len(qps), 0, 0, 0)
     path.write_bytes(head + body)
 
 

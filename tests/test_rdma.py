@@ -26,7 +26,7 @@ import pytest
 from tests.cbuild import build
 from transport import native
 from transport.decision_table import Decision, TableWriter
-from transport.qp_records import parse
+from transport.qp_records import job_bytes_posted, parse
 from transport.steering import steering_for
 from transport.verbs import flow_label_for
 
@@ -173,6 +173,36 @@ def test_both_nccl_generations_under_crux_run_env(progs: dict[str, Path], tmp_pa
     assert seen == {A: {(0xD00D, 26)}, B: {(0xE00E, 46)}}
     (f,) = list(qps.iterdir())
     assert parse(f.read_bytes()).counters["applied"] == 4
+
+
+def test_wrapper_counts_each_qps_bytes(progs: dict[str, Path], tmp_path: Path) -> None:
+    """Real RDMA WRITEs through the wrapper: every QP's record counts the bytes and WRs it
+    posted and a busy time, live QPs in their records and destroyed ones in the header, so the
+    job's total is the same either way; with CRUX_QP_COUNTERS=off nothing is counted."""
+    table = tmp_path / "decisions"
+    write_table(table)  # no decisions: counting does not depend on them
+    base = {"NCCL_IBVERBS_LIB": str(progs["lib"]), "CRUX_JOB_ID": "bytes",
+            "CRUX_DECISION_TABLE": str(table)}
+    posted = 2 * 2 * 5 * 3000  # 2 pairs, both directions, 5 writes of 3000 bytes each
+    for keep, counting in (("1", "on"), ("0", "on"), ("1", "off")):
+        qps = tmp_path / f"qps-{keep}-{counting}"
+        qps.mkdir()
+        env = {**base, "CRUX_QP_DIR": str(qps), "CRUX_QP_COUNTERS": counting}
+        run_pairs(progs["nccl"], env, "--pairs", "2", "--writes", "5", "--size", "3000",
+                  "--keep", keep)
+        (f,) = list(qps.iterdir())
+        rec = parse(f.read_bytes())
+        total = job_bytes_posted([rec], "bytes")
+        if counting == "off":
+            assert total == 0 and all(q.wrs_posted == 0 for q in rec.qps)
+        elif keep == "1":
+            assert len(rec.qps) == 4 and rec.retired.bytes_posted == 0
+            assert [(q.bytes_posted, q.wrs_posted) for q in rec.qps] == [(15000, 5)] * 4
+            assert all(q.busy_ns > 0 for q in rec.qps) and total == posted
+        else:
+            assert rec.qps == () and (rec.retired.bytes_posted, rec.retired.wrs_posted) == (
+                posted, 20)
+            assert rec.retired.busy_ns > 0 and total == posted
 
 
 def test_shim_through_ld_preload(progs: dict[str, Path], tmp_path: Path) -> None:

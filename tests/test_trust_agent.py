@@ -38,10 +38,11 @@ def qp_record_file(path: Path, pid: int, job: str = "good") -> None:
     buf = bytearray(qp_records.MAX_FILE)
     qp_records._HEADER.pack_into(buf, 0, qp_records.MAGIC, qp_records.VERSION,
                                  qp_records.HEADER_SIZE, qp_records.RECORD_SIZE,
-                                 qp_records.CAPACITY, pid, 1, 1, *([0] * 7), job.encode(), 1, )
+                                 qp_records.CAPACITY, pid, 1, 1, *([0] * 7), job.encode(), 1,
+                                 0, 0, 0)
     qp_records._RECORD.pack_into(buf, qp_records.HEADER_SIZE, 2, 1, 0, 1, 3, 17, 18, 0, 0,
                                  50000, 0, 104, 3, 26, bytes(10) + b"\xff\xff" + bytes(4),
-                                 b"mlx5_0", 1, 1, 1)
+                                 b"mlx5_0", 1, 1, 1, 0, 0, 0)
     path.write_bytes(bytes(buf))
 
 

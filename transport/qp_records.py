@@ -1,10 +1,14 @@
 """The QP records jobs' shims leave for the agent (layout: shim/crux_qps.h, docs/shim.md).
 
 One file per job process in the records directory (default /run/crux/qps): which QPs it
-connected, to which peer GID, and what it applied or why it applied nothing. The agent reads
-them to report applied vs pending decisions and removes the files of processes that are gone.
-Records are read under their seqlock, like decision-table entries; a file that is not a records
-file is skipped with a reason, never trusted.
+connected, to which peer GID, and what it applied or why it applied nothing, and (version 2)
+how much each QP sent: bytes and WRs posted and busy time, counted by the wrapper's
+post_send/poll_cq trampolines, with the counts of the process's destroyed QPs kept in the
+header. The agent reads them to report applied vs pending decisions and to attribute RDMA
+traffic to jobs (job_bytes_posted), and removes the files of processes that are gone. Records
+are read under their seqlock, like decision-table entries; the counters lie outside it (the
+shim adds to them at any time: each is one aligned 64-bit word). A file that is not a records
+file is skipped with a reason, never trusted; version 1 files read with the counters at 0.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from transport.pid_files import scan
 from transport.table_format import gid_text
 
 MAGIC = 0x3153505158555243
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)  # 1: the same layout, counters reserved (read as 0)
 HEADER_SIZE = 192
 RECORD_SIZE = 128
 OUTCOMES = ("applied", "no-job", "no-table", "bad-table", "no-entry", "not-global",
@@ -29,8 +34,8 @@ READ_TRIES = 1024
 CAPACITY = 1024  # CRUX_QPS_CAPACITY: the shim's files are exactly this big
 MAX_FILE = HEADER_SIZE + CAPACITY * RECORD_SIZE
 
-_HEADER = struct.Struct("<QIIIIII8Q64sQ24x")
-_RECORD = struct.Struct("<IBBBBIIIIHBBBB2x16s32sQQQ24x")
+_HEADER = struct.Struct("<QIIIIII8Q64sQ3Q")
+_RECORD = struct.Struct("<IBBBBIIIIHBBBB2x16s32sQQQ3Q")
 assert _HEADER.size == HEADER_SIZE and _RECORD.size == RECORD_SIZE
 
 
@@ -55,6 +60,18 @@ class QpRecord:
     plan_generation: int
     table_generation: int
     created_ns: int
+    # send-side traffic as posted (struct crux_qps_counters; 0 in a version 1 file):
+    bytes_posted: int = 0  # SEND/RDMA_WRITE(+IMM) sg_list bytes; not RDMA_READ, atomics
+    wrs_posted: int = 0  # every WR the provider accepted
+    busy_ns: int = 0  # with signaled send WRs outstanding, up to the last completion polled
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Counters summed over QPs: one process's destroyed QPs, or a job's whole traffic."""
+    bytes_posted: int = 0
+    wrs_posted: int = 0
+    busy_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,7 @@ class ProcessRecords:
     counters: dict[str, int]  # intercepted connects by outcome
     calls: int
     qps: tuple[QpRecord, ...]
+    retired: Traffic = Traffic()  # the process's destroyed QPs' counters
 
 
 class RecordsError(ValueError):
@@ -88,11 +106,12 @@ def parse(buf: bytes | memoryview) -> ProcessRecords:
     if len(buf) < HEADER_SIZE:
         raise RecordsError(f"{len(buf)} bytes is shorter than the {HEADER_SIZE}-byte header")
     (magic, version, hsize, rsize, capacity, pid, used, *rest) = _HEADER.unpack_from(buf)
-    counters, job_raw, calls = rest[:8], rest[8], rest[9]
+    counters, job_raw, calls, retired = rest[:8], rest[8], rest[9], rest[10:13]
     if magic != MAGIC:
         raise RecordsError(f"bad magic {magic:#x}")
-    if (version, hsize, rsize) != (VERSION, HEADER_SIZE, RECORD_SIZE):
+    if version not in VERSIONS or (hsize, rsize) != (HEADER_SIZE, RECORD_SIZE):
         raise RecordsError(f"version {version}, sizes {hsize}/{rsize}: not understood")
+    counted = version >= 2  # version 1: those bytes are reserved, whatever they hold
     if HEADER_SIZE + capacity * RECORD_SIZE > len(buf):
         raise RecordsError(f"capacity {capacity} does not fit in {len(buf)} bytes")
     job = job_raw.rstrip(b"\0").decode("utf-8", "replace")
@@ -102,13 +121,14 @@ def parse(buf: bytes | memoryview) -> ProcessRecords:
         if f is None or f[1] != 1:
             continue
         (_, _, outcome, port, sgid, qpn, dqpn, ofl, fl, sport, otc, tc, level, dscp, dgid, dev,
-         plan, tgen, created) = f
+         plan, tgen, created, *traffic) = f
         qps.append(QpRecord(
             pid, job, dev.rstrip(b"\0").decode("utf-8", "replace"), port, sgid, qpn, dqpn,
             gid_text(dgid), OUTCOMES[outcome] if outcome < len(OUTCOMES) else f"unknown-{outcome}",
-            sport, fl, ofl, tc, otc, level, dscp, plan, tgen, created))
+            sport, fl, ofl, tc, otc, level, dscp, plan, tgen, created,
+            *(traffic if counted else (0, 0, 0))))
     return ProcessRecords(pid, job, dict(zip(OUTCOMES, counters, strict=True)), calls,
-                          tuple(qps))
+                          tuple(qps), Traffic(*retired) if counted else Traffic())
 
 
 def read_dir(path: str | os.PathLike[str], *, prune: bool = False
@@ -116,6 +136,25 @@ def read_dir(path: str | os.PathLike[str], *, prune: bool = False
     """(records of live processes, problems): the `<pid>` files only, as the TCP
     interposer's `sock-<pid>` files share the directory (transport/pid_files.py scans)."""
     return scan(path, "", MAX_FILE, parse, prune=prune)
+
+
+def job_traffic(records: list[ProcessRecords], job_id: str) -> Traffic:
+    """What `job_id`'s processes posted over all their QPs, live and destroyed: it only grows
+    while the processes live, and drops when one exits (its file goes). A read that races a
+    QP's destroy may miss that QP's counts once (crux_qps.h)."""
+    b = w = n = 0
+    for proc in records:
+        if proc.job_id != job_id:
+            continue
+        b += proc.retired.bytes_posted + sum(q.bytes_posted for q in proc.qps)
+        w += proc.retired.wrs_posted + sum(q.wrs_posted for q in proc.qps)
+        n += proc.retired.busy_ns + sum(q.busy_ns for q in proc.qps)
+    return Traffic(b, w, n)
+
+
+def job_bytes_posted(records: list[ProcessRecords], job_id: str) -> int:
+    """The bytes `job_id`'s processes posted on RDMA (job_traffic's bytes_posted)."""
+    return job_traffic(records, job_id).bytes_posted
 
 
 @dataclass(frozen=True)
