@@ -213,3 +213,19 @@ def test_golden_bytes() -> None:
     assert v1.retired == Traffic()
     with pytest.raises(RecordsError, match="version 3"):
         parse(golden(3))
+
+
+@pytest.mark.skipif(struct.pack("=I", 1) != struct.pack("<I", 1), reason="golden bytes are LE")
+def test_the_agents_qp_source_points_at_each_live_qps_bytes(tmp_path: Path) -> None:
+    """QpBytesSource hands the NIC loop (file, offset) pairs: the offset of each live QP's
+    bytes_posted, which the loop preads as a u64."""
+    import os
+
+    from cruxd.measure.sampling.job_bytes import QpBytesSource
+
+    data = bytearray(golden(2))
+    struct.pack_into("<I", data, 24, os.getpid())  # a live process: this one
+    (tmp_path / str(os.getpid())).write_bytes(bytes(data))
+    (c,), problems = QpBytesSource(tmp_path).counters()
+    assert problems == [] and (c.job_id, c.pid) == ("job", os.getpid())
+    assert struct.unpack_from("<Q", c.path.read_bytes(), c.offset)[0] == 1 << 40

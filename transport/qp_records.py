@@ -37,6 +37,8 @@ MAX_FILE = HEADER_SIZE + CAPACITY * RECORD_SIZE
 _HEADER = struct.Struct("<QIIIIII8Q64sQ3Q")
 _RECORD = struct.Struct("<IBBBBIIIIHBBBB2x16s32sQQQ3Q")
 assert _HEADER.size == HEADER_SIZE and _RECORD.size == RECORD_SIZE
+COUNTERS_OFFSET = 104  # struct crux_qps_record's counters: bytes_posted first
+assert _RECORD.size - COUNTERS_OFFSET == 3 * 8
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class QpRecord:
     bytes_posted: int = 0  # SEND/RDMA_WRITE(+IMM) sg_list bytes; not RDMA_READ, atomics
     wrs_posted: int = 0  # every WR the provider accepted
     busy_ns: int = 0  # with signaled send WRs outstanding, up to the last completion polled
+    slot: int = -1  # its index in the file (bytes_posted_offset), -1 where not read from one
 
 
 @dataclass(frozen=True)
@@ -122,11 +125,12 @@ def parse(buf: bytes | memoryview) -> ProcessRecords:
             continue
         (_, _, outcome, port, sgid, qpn, dqpn, ofl, fl, sport, otc, tc, level, dscp, dgid, dev,
          plan, tgen, created, *traffic) = f
+        sent, wrs, busy = traffic[:3] if counted else (0, 0, 0)
         qps.append(QpRecord(
             pid, job, dev.rstrip(b"\0").decode("utf-8", "replace"), port, sgid, qpn, dqpn,
             gid_text(dgid), OUTCOMES[outcome] if outcome < len(OUTCOMES) else f"unknown-{outcome}",
             sport, fl, ofl, tc, otc, level, dscp, plan, tgen, created,
-            *(traffic if counted else (0, 0, 0))))
+            sent, wrs, busy, i))
     return ProcessRecords(pid, job, dict(zip(OUTCOMES, counters, strict=True)), calls,
                           tuple(qps), Traffic(*retired) if counted else Traffic())
 
@@ -136,6 +140,11 @@ def read_dir(path: str | os.PathLike[str], *, prune: bool = False
     """(records of live processes, problems): the `<pid>` files only, as the TCP
     interposer's `sock-<pid>` files share the directory (transport/pid_files.py scans)."""
     return scan(path, "", MAX_FILE, parse, prune=prune)
+
+
+def bytes_posted_offset(slot: int) -> int:
+    """Where the `slot`th record's bytes_posted (a monotonic u64) sits in its file."""
+    return HEADER_SIZE + slot * RECORD_SIZE + COUNTERS_OFFSET
 
 
 def job_traffic(records: list[ProcessRecords], job_id: str) -> Traffic:

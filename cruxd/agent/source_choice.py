@@ -49,13 +49,14 @@ def measurement_for(inputs: SourceInputs) -> MeasurementSource:
     if a.measurement == "live":
         # here, not at the top: numpy (~15 MB) loads only on hosts that measure live
         from cruxd.agent.measuring import LiveMeasurement
-        from cruxd.measure.sampling.job_bytes import SockBytesSource
+        from cruxd.measure.sampling.job_bytes import QpBytesSource, SockBytesSource
 
         # the interposer's records beside the table's (DataPlane.qp_dir): each job's own bytes
         records = Path(a.decision_table).parent / "qps"
         return LiveMeasurement(inputs.config.measurement, inputs.nics, inputs.owners,
                                inputs.qp_records, inputs.job_count,
-                               job_sources=[SockBytesSource(records)])
+                               job_sources=[SockBytesSource(records),
+                                            QpBytesSource(records)])
     return StaticMeasurement(a.accept_job_hints)
 
 

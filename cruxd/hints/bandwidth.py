@@ -20,9 +20,10 @@ from cruxd.control.records import JobAssignment, LocalJob
 from cruxd.hints.fabric_view import SCHEMA_VERSION, FabricView
 
 FORMAT = "crux.bandwidth"
-# only measured figures (the NIC's, or the job's own bytes on a shared host: `nvml+sock`);
+# only measured figures (the NIC's, or the job's own bytes on a shared host: `nvml+sock`,
+# `nvml+qp`);
 # hints and replays are not bandwidth
-LIVE_SOURCE = ("nvml+nic", "nvml+sock")
+LIVE_SOURCE = ("nvml+nic", "nvml+sock", "nvml+qp")
 
 
 @dataclass(frozen=True, slots=True)

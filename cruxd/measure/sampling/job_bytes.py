@@ -10,10 +10,10 @@ and turns each batch of readings into one monotonic total per job, in a `Counter
 job. The set of files changes as processes come and go: it is rescanned about once a second
 (once per batch of the C loop), never per sample.
 
-The seam for a second per-job source: the verbs wrapper's QP records, once they count bytes
-per QP (branch `qp-bytes`), are another `JobCounterSource` of kind "qp" whose counters are
-the QPs' byte fields; nothing here changes. A kind names which jobs it describes: "sock" the
-jobs that talk TCP (no QP records), "qp" the RDMA ones.
+The verbs wrapper's QP records count bytes per QP (`bytes_posted`, crux_qps.h): they are the
+second `JobCounterSource`, of kind "qp", whose counters are the live QPs' byte fields. A kind
+names which jobs it describes: "sock" the jobs that talk TCP (no QP records), "qp" the RDMA
+ones.
 
 Files are hostile input (transport/pid_files.py): scanned with the record readers' checks
 (regular file, size, pid named in the file, owner), opened again here with O_NOFOLLOW and
@@ -45,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cruxd.measure.window import CounterWindow
-from transport import sock_records
+from transport import qp_records, sock_records
 
 LOG = logging.getLogger(__name__)
 RESCAN_S = 1.0  # how often the set of files is read again
@@ -84,6 +84,23 @@ class SockBytesSource:
                            self.directory / f"{sock_records.PREFIX}{r.pid}",
                            sock_records.BYTES_SENT_OFFSET)
                 for r in records if r.version >= 2 and r.job_id], problems
+
+
+class QpBytesSource:
+    """The verbs wrapper's bytes_posted per live QP (`<dir>/<pid>`, QP records version 2).
+    A destroyed QP's counter goes away and its job's total stays where it was; the file's
+    `retired` sum is not read, since it takes over counts already seen per QP."""
+
+    kind = "qp"
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def counters(self) -> tuple[list[JobCounter], list[str]]:
+        records, problems = qp_records.read_dir(self.directory)
+        return [JobCounter(f"qp:{p.pid}:{q.slot}:{q.qpn}:{q.created_ns}", p.job_id, p.pid,
+                           self.directory / str(p.pid), qp_records.bytes_posted_offset(q.slot))
+                for p in records if p.job_id for q in p.qps if q.slot >= 0], problems
 
 
 def open_counter(c: JobCounter) -> int:
