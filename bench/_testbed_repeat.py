@@ -56,6 +56,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
                        "replans": ctl.get("replans_total"),
                        "rebuilds": sum(ctl["ring_rebuilds"].values()) if ctl else None,
                        "unexplained": ctl.get("rebuilds_without_change")}
+            if meas := m.get("measured"):
+                figures["t_j error"] = max(abs(x["comm_error"]) for x in meas.values())
             if "link_down" in m:
                 figures["decided_s"] = m["link_down"]["decided_s"]
                 figures["after"] = m["link_down"]["utilization_after"]
@@ -72,10 +74,11 @@ def print_summary(runs: list[dict[str, Any]]) -> None:
     rows = [[mode, _spread(f.get("utilization", []), ".3f"), _spread(f.get("gain", []), "+.1%"),
              _spread(f.get("standalone", []), ".3f"), _spread(f.get("error", []), "+.1%"),
              _spread(f.get("replans", []), ".0f"), _spread(f.get("rebuilds", []), ".0f"),
-             _spread(f.get("unexplained", []), ".0f")]
+             _spread(f.get("unexplained", []), ".0f"), _spread(f.get("t_j error", []), ".1%")]
             for mode, f in s.items()]
     print(table(["mode", "GPU util", "vs ecmp", "of standalone", "sim error (as run)",
-                 "re-plans", "ring rebuilds", "without a decision change"], rows))
+                 "re-plans", "ring rebuilds", "without a decision change",
+                 "worst |t_j error|"], rows))
     down = [[mode, _spread(f["decided_s"], ".1f"), _spread(f.get("after", []), ".3f"),
              f"{len(f['decided_s'])} of {len(runs)}"]
             for mode, f in s.items() if "decided_s" in f]

@@ -39,6 +39,11 @@ def print_tables(result: dict[str, Any]) -> None:
                   + (f"; the same paths on one level: {one['utilization']:.3f}"
                      if (one := m["simulated"].get("one_level")) else ""))
     for mode, m in result["modes"].items():
+        if meas := m.get("measured"):
+            print(f"{mode}, measured live (t_j / period, against each job alone): " + "; ".join(
+                f"{j} {x['comm_s']:.3f} s ({x['comm_error']:+.1%}) / {x['period_s']:.3f} s "
+                f"({x['period_error']:+.1%}) [{x['source']}]" for j, x in meas.items()))
+    for mode, m in result["modes"].items():
         if c := m.get("control"):
             print(f"{mode}, in the measured window: {c['replans_total']} re-plan(s) ("
                   + (", ".join(f"{k} {n}" for k, n in sorted(c["replans"].items())) or "none")

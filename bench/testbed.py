@@ -87,7 +87,7 @@ from tests.rig.testbed_churn import (
     recovery,
     without_cable,
 )
-from tests.rig.testbed_crux import run_crux
+from tests.rig.testbed_crux import comm_s, run_crux, standalone_period
 from tests.rig.testbed_metrics import (
     JobStats,
     cluster_utilization,
@@ -228,6 +228,8 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
     out: dict[str, Any] = {}
     if run.control[1]:
         out["control"] = control_in_window(*run.control, logs)
+    if mode in ("crux", *STEER):  # live: what the leader planned with, against the truth
+        out["measured"] = measured_vs_alone(layout, plan)
     if mode != "standalone":  # the jobs ran one after another there: no common clock
         out["timeline"] = timeline(logs, gpus, lo, hi)
         out["window_s"] = hi - lo
@@ -251,6 +253,22 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
                            "spine_bytes": {f"{a}->{b}": c for (a, b), c in
                                            carried.get(jid, {}).items()}}
                      for jid, s in stats.items()}}
+
+
+def measured_vs_alone(layout: Layout, plan: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per job, t_j and the period the leader planned with (measured live, profiled) and
+    the job's own alone (its hop's bytes at its slowest link; compute plus what the overlap
+    does not hide), with the relative errors."""
+    out = {}
+    for job in layout.jobs:
+        m = (plan.get(job.id) or {}).get("measurement") or {}
+        t, p = float(m.get("comm_s") or 0.0), float(m.get("period_s") or 0.0)
+        t0, p0 = comm_s(layout, job), standalone_period(layout, job)
+        out[job.id] = {"comm_s": t, "alone_comm_s": t0, "comm_error": t / t0 - 1 if t0 else 0.0,
+                       "period_s": p, "alone_period_s": p0,
+                       "period_error": p / p0 - 1 if p0 else 0.0,
+                       "source": str(m.get("source", ""))}
+    return out
 
 
 def link_down_result(logs: dict[str, Any], gpus: dict[str, int], down: LinkDown,
