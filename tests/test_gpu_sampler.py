@@ -52,6 +52,30 @@ def test_bad_recordings(tmp_path: Path) -> None:
             ReplayBackend(tmp_path / "r.json")
 
 
+def test_a_rewritten_recording_is_played_from_its_start(tmp_path: Path) -> None:
+    """A rig that learns its jobs' pids once they run writes them in; the replay follows,
+    and a rewrite it cannot read leaves the old recording playing."""
+    import json
+    import os
+
+    def write(pids: dict[str, list[int]], mtime_ns: int) -> None:
+        doc = {"inventory": [{"index": 0, "name": "A100", "uuid": "u", "pci_bus_id": "b",
+                              "peak_tflops": 312.0}],
+               "samples": [{"t": 0.0, "util": [50.0], "pids": pids}]}
+        path.write_text(json.dumps(doc))
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+
+    path = tmp_path / "r.json"
+    write({}, 1_000_000_000)
+    b = ReplayBackend(path)
+    assert b.sample().pids == {}
+    write({"4242": [0]}, 2_000_000_000)
+    assert b.sample().pids == {4242: (0,)}
+    path.write_text("{")
+    os.utime(path, ns=(3_000_000_000, 3_000_000_000))
+    assert b.sample().pids == {4242: (0,)} and b.inventory()[0].peak_tflops == 312.0
+
+
 @pytest.mark.gpu
 def test_nvml_backend_on_real_gpus() -> None:
     try:

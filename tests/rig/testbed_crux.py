@@ -62,23 +62,31 @@ REVERIFY_S = 5.0  # probing.interval_s in a link-down run (the default is 300 s)
 LIVE_RATE_HZ = 250
 
 
-def gpu_recording(path: Path, jobs: list[tuple[EmuJob, int, float]]) -> Path:
+def gpu_recording(path: Path, jobs: list[tuple[EmuJob, int, float]],
+                  pids: dict[str, int] | None = None) -> Path:
     """The host's emulated GPUs: each job's (job, its rank here, its standalone period),
     one after the other, busy compute_s of every period, each at the scenario's own FLOP
     rate (W_j / GPUs / compute_s), so that the W_j the agents measure is the W_j that
-    crux-hints declares."""
+    crux-hints declares. With `pids` (job id -> its rank's pid here) each job's devices are
+    listed under its process, as NVML lists them: a host with two jobs can only tell their
+    GPUs apart so. The file is rewritten as jobs start (the replay reads it again)."""
     peaks: list[float] = []
     utils: list[float] = []
+    owned: dict[str, list[int]] = {}
     for job, rank, period_s in jobs:
         gpus = job.host_gpus[rank]
+        if pids and job.id in pids:
+            owned[str(pids[job.id])] = list(range(len(peaks), len(peaks) + gpus))
         peaks += [job.flops / (job.gpus * job.compute_s) / 1e12
                   if job.flops > 0 and job.compute_s > 0 else PEAK_TFLOPS] * gpus
         utils += [100.0 * job.compute_s / period_s] * gpus
     inv = [{"index": i, "name": "NVIDIA A100-SXM4-80GB", "uuid": f"GPU-{i}",
             "pci_bus_id": f"00000000:{i + 1:02x}:00.0", "peak_tflops": peak}
            for i, peak in enumerate(peaks)]
-    samples = [{"t": float(t), "util": utils, "pids": {}} for t in range(10)]
-    path.write_text(json.dumps({"inventory": inv, "samples": samples}))
+    samples = [{"t": float(t), "util": utils, "pids": owned} for t in range(10)]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"inventory": inv, "samples": samples}))
+    tmp.replace(path)  # whole, for a replay that reads it while it plays
     return path
 
 
@@ -184,10 +192,15 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
         # at most 107 bytes, and pytest's temporary directories are long
         root.mkdir(parents=True, exist_ok=True)
         daemons = []
-        for h in f.host_names:
-            gpu_file = gpu_recording(root / f"{h}.gpus.json", [
+        started: dict[str, dict[str, int]] = {h: {} for h in f.host_names}  # host: job: pid
+
+        def record_gpus(h: str) -> Path:
+            return gpu_recording(root / f"{h}.gpus.json", [
                 (job, rank, standalone_period(layout, job))
-                for job, rank in layout.on_host(h)]) if live else None
+                for job, rank in layout.on_host(h)], started[h])
+
+        for h in f.host_names:
+            gpu_file = record_gpus(h) if live else None
             cfg = agent_config(f, h, root, levels, gpu_file, levels_only=not steered)
             if link_down is not None:  # re-verify paths often: the failure is found by
                 cfg["probing"]["interval_s"] = REVERIFY_S  # the sweep after it
@@ -213,8 +226,17 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
 
         with running(daemons, "agent h") as procs:  # killed on the way out, whatever happens
             jobs = JobProcs(f, logdir, time.time() + 1e6, wrap, owner=procs)
-            for job in initial:
+
+            def start(job: EmuJob) -> None:
+                """The job's ranks, and (live) its pids in its hosts' GPU recordings."""
                 jobs.start(job)
+                for rank, h in enumerate(job.hosts):
+                    started[h][job.id] = jobs.by_job[job.id][rank].pid
+                    if live:
+                        record_gpus(h)
+
+            for job in initial:
+                start(job)
             _say(progress, f"{mode}: waiting for the plan (probing"
                  f"{', profiling each job alone' if live else ''}, then planning)")
             t0 = time.monotonic()
@@ -242,7 +264,7 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
             link: dict[str, float | None] = {}
             with spine_bytes(f, layout.jobs) as read:
                 end = time.time() + duration_s
-                with JobChurn(layout.jobs, logdir, settled, warmup_s, jobs.start, jobs.stop,
+                with JobChurn(layout.jobs, logdir, settled, warmup_s, start, jobs.stop,
                               leader, decided) as churn:
                     if link_down is not None:
                         link = fail_link(f, link_down, end, leader)

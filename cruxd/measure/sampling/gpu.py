@@ -20,6 +20,7 @@ NVIDIA's datasheets (PEAK_TFLOPS), overridable per device name.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -28,6 +29,8 @@ from typing import Any, Protocol
 
 from cruxd.errors import CruxError, UsageError
 from cruxd.measure.gpu_work import GpuInfo, GpuSample, peak_tflops
+
+LOG = logging.getLogger(__name__)
 
 
 class GpuBackend(Protocol):
@@ -123,27 +126,53 @@ class NvmlBackend:
 
 
 class ReplayBackend:
-    """Plays a recording back sample by sample; past the end, the last sample repeats."""
+    """Plays a recording back sample by sample; past the end, the last sample repeats.
+
+    A recording that is rewritten while it plays (a test rig that learns its jobs' pids only
+    once they run) is read again and played from its start; a rewrite that does not parse is
+    logged once and the old recording plays on. The inventory stays the first one's."""
     name = "replay"
 
     def __init__(self, path: str | Path) -> None:
-        try:
-            doc = json.loads(Path(path).read_text())
-            self._inv = [GpuInfo(**g) for g in doc["inventory"]]
-            self._samples = [GpuSample(float(s["t"]), tuple(s["util"]),
-                                       {int(p): tuple(d) for p, d in s.get("pids", {}).items()},
-                                       tuple(s.get("sm_active", ())))
-                             for s in doc["samples"]]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise GpuSourceError(f"not a GPU recording: {exc}", where=str(path)) from None
-        if not self._samples:
-            raise GpuSourceError("the recording has no samples", where=str(path))
+        self._path = Path(path)
+        self._mtime = self._stamp()
+        self._inv, self._samples = self._load()
         self._next = 0
+        self._bad_at: int | None = None
+
+    def _stamp(self) -> int:
+        try:
+            return self._path.stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    def _load(self) -> tuple[list[GpuInfo], list[GpuSample]]:
+        try:
+            doc = json.loads(self._path.read_text())
+            inv = [GpuInfo(**g) for g in doc["inventory"]]
+            samples = [GpuSample(float(s["t"]), tuple(s["util"]),
+                                 {int(p): tuple(d) for p, d in s.get("pids", {}).items()},
+                                 tuple(s.get("sm_active", ())))
+                       for s in doc["samples"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise GpuSourceError(f"not a GPU recording: {exc}", where=str(self._path)) from None
+        if not samples:
+            raise GpuSourceError("the recording has no samples", where=str(self._path))
+        return inv, samples
 
     def inventory(self) -> list[GpuInfo]:
         return list(self._inv)
 
     def sample(self) -> GpuSample:
+        stamp = self._stamp()
+        if stamp != self._mtime and stamp != self._bad_at:
+            try:
+                _, self._samples = self._load()
+                self._mtime, self._next = stamp, 0
+            except GpuSourceError as exc:
+                self._bad_at = stamp
+                LOG.warning("GPU recording rewritten but unreadable (%s); playing the old one",
+                            exc)
         s = self._samples[min(self._next, len(self._samples) - 1)]
         self._next += 1
         return s
