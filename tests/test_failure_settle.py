@@ -81,3 +81,49 @@ def test_the_replan_comes_after_the_settle_time_without_the_reprobe(tmp_path: Pa
     assert asked.reprobe == {"h1": ("h3",)}
     assert replanned.causes == ("path table changed: h0",)
     assert replanned.reprobe == {"h1": ("h3",)}  # still asked, in the plan that settles it
+
+
+def test_a_host_that_probed_after_the_failure_is_not_waited_for_again(tmp_path: Path) -> None:
+    """Agents find a failure one sweep at a time, and each newly lost hop asks again the hosts
+    whose paths cross it; a host that already probed after the first loss has seen the fabric
+    without it, and is not waited for (it is not sent the same request twice)."""
+    async def run() -> list[PublishedPlan]:
+        plans: list[PublishedPlan] = []
+        ld = leader(tmp_path, 30.0, plans)
+        ld.start()
+        try:
+            def tell(r: AgentReport) -> None:
+                ld._event(*ld.state.ingest(r, ld.clock()))
+
+            def ms() -> int:
+                return int(ld.clock() * 1000)
+
+            both = (ProbedPath(("tor0", "agg1", "tor1"), (49152,)),
+                    ProbedPath(("tor0", "agg2", "tor1b"), (49153,)))
+            tell(report("h0", "10.0.0.1", table("h2", "agg1", 1000)))
+            tell(report("h1", "10.0.0.2", PathTable("h3", both, probed_unix_ms=1000)))
+            tell(report("h4", "10.0.0.5", table("h5", "tor1b", 1000)))
+            while not plans:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)
+            before = len(plans)
+            tell(report("h0", "10.0.0.1", table("h2", "agg2", ms())))  # agg1 lost
+            while len(plans) == before:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)
+            # h1 probes again, keeps its agg2 path; h4 then loses tor1b, which h1 crosses
+            tell(report("h1", "10.0.0.2", PathTable("h3", both[1:], probed_unix_ms=ms())))
+            await asyncio.sleep(0.1)
+            tell(report("h4", "10.0.0.5", table("h5", "agg9", ms())))
+            for _ in range(100):
+                if any(not p.causes[0].startswith("reprobe") for p in plans[before:]):
+                    break
+                await asyncio.sleep(0.02)
+            return plans[before:]
+        finally:
+            await ld.stop()
+
+    plans = asyncio.run(run())
+    replanned = [p for p in plans if not p.causes[0].startswith("reprobe")]
+    assert len(replanned) == 1  # within the 30 s settle: nobody left to wait for
+    assert replanned[0].causes[0] == "path table changed: h0"

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cruxd.model import ClusterView, FlowSpec, Job, ring_allreduce
+from cruxd.model.jobs import FlowSpec, Job, ring_allreduce
+from cruxd.model.view import ClusterView
 from cruxd.scenario import load_scenario
 from cruxd.scheduler import PlanConfig, plan
 from cruxd.scheduler.dscp import default_dscp

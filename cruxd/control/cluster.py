@@ -82,6 +82,9 @@ class ClusterState:
     # hops that vanished from an agent's paths, and when: other agents whose paths
     # cross them are asked to probe again (HostPlan.reprobe)
     down_hops: dict[str, float] = field(default_factory=dict)
+    # (host, peer): when that host's table toward that peer last lost hops: its sweep saw
+    # the fabric after whatever failed (the leader's failure hold counts it as probed)
+    lost_at: dict[tuple[str, str], float] = field(default_factory=dict)
     # hosts dropped so far: state kept elsewhere per host (hint samples) is purged when
     # this moves, so hosts that come and go leave nothing behind
     hosts_removed: int = 0
@@ -110,6 +113,9 @@ class ClusterState:
                 causes.append(f"path table changed: {host}")
                 gone = _hops(old.paths) - _hops(paths)
                 self.down_hops.update(dict.fromkeys(gone, now))
+                self.lost_at.update({(host, dst): now for dst, t in old.paths.items()
+                                     if _hops({dst: t}) - _hops({dst: paths[dst]}
+                                                               if dst in paths else {})})
         before = old.jobs if old is not None and not old.expired else {}
         for jid in sorted(new_jobs.keys() - before.keys()):
             rec = self.jobs.get(jid)
@@ -190,6 +196,9 @@ class ClusterState:
         for hop, at in list(self.down_hops.items()):
             if now - at > keep:
                 del self.down_hops[hop]
+        for pair, at in list(self.lost_at.items()):
+            if now - at > keep:
+                del self.lost_at[pair]
         if not self.down_hops:
             return {}
         out = {}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cruxd.config.model import Config
 from cruxd.control.cluster import ClusterState
+from cruxd.control.failure_hold import failure_hold
 from cruxd.control.host_plans import (
     JobMemo,
     LeaderPlanConfig,
@@ -28,7 +29,7 @@ from cruxd.control.host_plans import (
     plan_inputs,
 )
 from cruxd.control.plan_delta import carry_changes, changed_hosts
-from cruxd.control.replan_stats import ReplanStats, cause_kind
+from cruxd.control.replan_stats import ReplanStats
 from cruxd.leader import store
 from cruxd.leader.auth import Gate
 from cruxd.leader.fanout import FanOut
@@ -67,6 +68,7 @@ class Leader(LeaderRpcs):
         self._published = asyncio.Event()
         self._causes: list[str] = []
         self._held_for: dict[str, tuple[str, ...]] = {}  # the reprobes a re-plan waits for
+        self._failure_since: float | None = None  # the first loss of the failure held for
         self._first_event: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._persist: asyncio.Task[None] | None = None
@@ -223,32 +225,26 @@ class Leader(LeaderRpcs):
                     self._planning = False
 
     async def _awaiting_reprobe(self, causes: list[str], now: float) -> bool:
-        """After a failure (hops gone from some agent's paths), hold the re-plan until every
-        agent whose paths crossed them has probed again, or failure_settle_s has passed
-        since the first was lost, so that one re-plan takes the whole failure in: the
-        agents find it one sweep at a time, and re-planning on each report moved jobs once
-        per report. Meanwhile the reprobe requests go out alone, in a plan that changes no
-        decision. Any other cause re-plans at once, as ever."""
-        settle, st, plan = self.config.leader.failure_settle_s, self.state, self.plan
-        recent = [at for at in st.down_hops.values() if now - at < settle]
-        if plan is None or not recent or any(cause_kind(c) != "path table changed"
-                                             for c in causes):
+        """After a failure, hold the re-plan until the agents whose paths crossed the lost
+        hops have probed again (control/failure_hold.py), so that one re-plan takes the
+        whole failure in; meanwhile the reprobe requests go out alone, in a plan that
+        changes no decision. Any other cause re-plans at once, as ever."""
+        hold = None if self.plan is None else failure_hold(
+            self.state, causes, now, self.config.leader.failure_settle_s, self._failure_since)
+        self._failure_since = hold.start if hold is not None else None
+        if hold is None or self.plan is None:
             return False
-        reprobe = st.reprobe(now)
-        if not reprobe:
-            return False  # every agent concerned has probed again
         self._causes = [*causes, *self._causes]  # for the re-plan to come
-        if reprobe != self._held_for:
-            self._held_for = reprobe
-            LOG.info("after lost hops (%s): re-plan held up to %.1f s more for %d host(s) to "
-                     "probe again: %s", ", ".join(sorted(h for h, at in st.down_hops.items()
-                                                        if now - at < settle)[:4]),
-                     min(recent) + settle - now, len(reprobe),
-                     ", ".join(f"{h}->{'/'.join(p)}" for h, p in sorted(reprobe.items())[:6]))
-        if any(not set(peers) <= set(plan.reprobe.get(h, ())) for h, peers in reprobe.items()):
-            await self._replan(causes, reprobe=reprobe)
-        asyncio.get_running_loop().call_later(
-            max(0.05, min(0.5, min(recent) + settle - now)), self._wake.set)
+        if hold.waiting != self._held_for:
+            self._held_for = hold.waiting
+            LOG.info("after lost hops: re-plan held up to %.1f s more for %d host(s) to probe "
+                     "again: %s", hold.until - now, len(hold.waiting),
+                     ", ".join(f"{h}->{'/'.join(p)}" for h, p in sorted(hold.waiting.items())[:6]))
+        if any(not set(peers) <= set(self.plan.reprobe.get(h, ()))
+               for h, peers in hold.reprobe.items()):
+            await self._replan(causes, reprobe=hold.reprobe)
+        asyncio.get_running_loop().call_later(max(0.05, min(0.5, hold.until - now)),
+                                              self._wake.set)
         return True
 
     async def _replan(self, causes: list[str],

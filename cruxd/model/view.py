@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from cruxd.model.jobs import Job
-from cruxd.model.topology import Topology
+if TYPE_CHECKING:  # annotations only: agents read TcpPortSet and DiscoveredPath from here,
+    # and an agent that never plans loads no numpy (tests/test_agent_imports.py)
+    from cruxd.model.jobs import Job
+    from cruxd.model.topology import Topology
 
 
 @dataclass(frozen=True, slots=True)
