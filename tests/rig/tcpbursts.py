@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+from tests.rig.bursts import paced
+
 SIZE = 4200  # 3 MTU-sized segments per send: a third of the wakeups of 1400-byte pieces
 CONNECT_S = 30.0
 
@@ -42,21 +44,7 @@ def main(peer: str, port: int, period_s: float, burst_s: float, mbit: float,
     out.settimeout(None)
     conn, _ = srv.accept()
     threading.Thread(target=drain, args=(conn,), daemon=True).start()
-    gap = SIZE * 8 / (mbit * 1e6)
-    payload = bytes(SIZE)
-    t0 = time.monotonic() + 0.05
-    for i in range(iterations):
-        start = t0 + i * period_s
-        k = 0
-        while (t := start + k * gap) < start + burst_s:
-            delay = t - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            out.sendall(payload)
-            k += 1
-        rest = start + period_s - time.monotonic()
-        if rest > 0:
-            time.sleep(rest)
+    paced(out.sendall, SIZE, period_s, burst_s, mbit, iterations)
     out.close()
     srv.close()
 
