@@ -113,9 +113,10 @@ class ClusterState:
                 causes.append(f"path table changed: {host}")
                 gone = _hops(old.paths) - _hops(paths)
                 self.down_hops.update(dict.fromkeys(gone, now))
-                self.lost_at.update({(host, dst): now for dst, t in old.paths.items()
-                                     if _hops({dst: t}) - _hops({dst: paths[dst]}
-                                                               if dst in paths else {})})
+                for dst, t in old.paths.items():
+                    kept = _table_hops(paths[dst]) if dst in paths else set()
+                    if _table_hops(t) - kept:
+                        self.lost_at[(host, dst)] = now
         before = old.jobs if old is not None and not old.expired else {}
         for jid in sorted(new_jobs.keys() - before.keys()):
             rec = self.jobs.get(jid)
@@ -311,4 +312,8 @@ def _shapes(tables: dict[str, PathTable]) -> dict[str, tuple[object, ...]]:
 
 
 def _hops(tables: dict[str, PathTable]) -> set[str]:
-    return {h for t in tables.values() for p in t.paths for h in p.hops}
+    return {h for t in tables.values() for h in _table_hops(t)}
+
+
+def _table_hops(t: PathTable) -> set[str]:
+    return {h for p in t.paths for h in p.hops}
