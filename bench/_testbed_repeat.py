@@ -1,7 +1,8 @@
 """bench/testbed.py's view across repeated runs, and of the control plane within one.
 
-`control_in_window`: what the leader and the rings did while a crux-mode run was measured
-(after every job was planned, so after profiling): re-plans by kind of cause (plans that
+`control_in_window`: what the leader and the rings did from the moment the leader had
+profiled and planned every job (the settling before the measured window included, in which
+the rings take that plan, and the window): re-plans by kind of cause (plans that
 changed some job's decision), plans that changed none, each job's decision changes, and
 each job's ring rebuilds (the most any of its ranks made: all of them rebuild together).
 A rebuild with no decision change behind it is what the issue's floor forbids.
@@ -22,10 +23,10 @@ def control_in_window(start: dict[str, Any], end: dict[str, Any],
                for k, n in end.get("replans", {}).items()}
     changes = {j: n - start.get("changes", {}).get(j, 0)
                for j, n in end.get("changes", {}).items()}
-    rebuilds = {}
-    for job, ranks in logs.items():
-        rebuilds[job] = max((r[-1]["reconnects"] - r[0]["reconnects"] for r in ranks if r),
-                            default=0)
+    rebuilds = end.get("rebuilds")  # counted from when the leader had planned every job
+    if rebuilds is None:
+        rebuilds = {job: max((r[-1]["reconnects"] - r[0]["reconnects"] for r in ranks if r),
+                             default=0) for job, ranks in logs.items()}
     return {"replans": {k: n for k, n in replans.items() if n},
             "replans_total": sum(replans.values()),
             "unchanged": end.get("unchanged", 0) - start.get("unchanged", 0),

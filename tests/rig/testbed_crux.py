@@ -264,13 +264,14 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
             except AssertionError as exc:
                 stop_jobs(procs)
                 raise AssertionError(f"{exc}; jobs: {summary(seen[0])}") from None
+            # the control plane is counted from here: every job profiled and planned; the
+            # rings take that plan in the settling below, each after its current iteration
+            at_planned, t_planned = control_counts(seen[0]), time.time()
             if steer == "paths":  # after the profiling windows, which need the top level
                 f.one_class()
             # the tables take the plan, then each ring rebuilds after its current iteration
             time.sleep(2.0 + 2 * max(standalone_period(layout, j) for j in initial))
-            doc = leader()
-            plan = planned(doc, initial, steered=steered) or plan
-            at_start = control_counts(doc)
+            plan = planned(leader(), initial, steered=steered) or plan
             settled = time.time()
             _say(progress, f"{mode}: planned after {time.monotonic() - t0:.1f} s; measuring "
                  f"{duration_s:g} s")
@@ -286,10 +287,22 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
             doc = leader()
             final = {j["job_id"]: j for j in (doc.get("cluster") or {}).get("jobs", [])}
             stop_jobs(procs)
-            logs = {job.id: [[it for it in rank if it["t0"] >= settled]
-                             for rank in read_logs(logdir, job)] for job in layout.jobs}
-    return ModeRun(logs, carried, plan, final, link, churn.events,
-                   (at_start, control_counts(doc)))
+            raw = {job.id: read_logs(logdir, job) for job in layout.jobs}
+            logs = {jid: [[it for it in rank if it["t0"] >= settled] for rank in ranks]
+                    for jid, ranks in raw.items()}
+    end_counts = {**control_counts(doc), "rebuilds": rebuilds_since(raw, t_planned)}
+    return ModeRun(logs, carried, plan, final, link, churn.events, (at_planned, end_counts))
+
+
+def rebuilds_since(logs: dict[str, list[list[dict[str, Any]]]], t: float) -> dict[str, int]:
+    """Per job, the ring rebuilds after `t` (epoch s): the most any of its ranks made (they
+    rebuild together), from each rank's count at the last iteration that ended before."""
+    out = {}
+    for jid, ranks in logs.items():
+        out[jid] = max((r[-1]["reconnects"] - max((it["reconnects"] for it in r
+                                                   if it["end"] <= t), default=0)
+                        for r in ranks if r), default=0)
+    return out
 
 
 def control_counts(doc: dict[str, Any]) -> dict[str, Any]:
