@@ -30,8 +30,9 @@ ERRORS: set[str] = set()
 
 
 def _register(socket_path: Path, job: str) -> tuple[float, str]:
-    from cruxd.errors import CruxError
     from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
+
+    from cruxd.errors import CruxError
     from cruxd.rpc.local import LocalClient
 
     t0 = time.perf_counter()

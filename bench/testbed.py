@@ -55,39 +55,37 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import dataclasses
 import json
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _testbed_repeat import control_in_window, print_summary
-from _testbed_report import plot, print_tables
 from tables import preamble  # bench/ is on sys.path when run as a script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.rig
 
+from _testbed_figures import churn_as_run, link_down_result, measured_vs_alone
+from _testbed_repeat import control_in_window, print_summary
+from _testbed_report import plot, print_tables
+from _testbed_sim import (
+    hash_draws,
+    replayed_levels,
+    simulated,
+    simulated_degraded,
+    simulated_on,
+)
+
 from cruxd.cli.plots import need_matplotlib
 from cruxd.errors import CruxError, UsageError
-from cruxd.model.topology import Topology
 from cruxd.scenario import Scenario, load_scenario
-from cruxd.scenario.simulation import simulation_of
-from cruxd.sim.policies import Policy, make_policy
-from cruxd.sim.policies.crux import Crux
-from cruxd.sim.policies.ecmp import Ecmp
-from cruxd.sim.policies.pinned import Pinned
-from cruxd.sim.run import SimResult, simulate
 from tests.rig.fabric import can_build
 from tests.rig.testbed import Layout
 from tests.rig.testbed_churn import (
     LinkDown,
     around,
-    cluster_recovery,
-    recovery,
-    without_cable,
 )
-from tests.rig.testbed_crux import comm_s, run_crux, standalone_period
+from tests.rig.testbed_crux import run_crux
 from tests.rig.testbed_metrics import (
     JobStats,
     cluster_utilization,
@@ -95,114 +93,13 @@ from tests.rig.testbed_metrics import (
     timeline,
     window_of,
 )
-from tests.rig.testbed_run import Logs, run_mode
+from tests.rig.testbed_run import run_mode
 
 MODES = ("standalone", "ecmp", "crux", "crux-hints", "paths-only", "levels-only")
 SIM_POLICY = {"standalone": "standalone", "ecmp": "ecmp", "crux": "crux-full",
               "crux-hints": "crux-full", "paths-only": "paths-only",
               "levels-only": "levels-only"}
 STEER = {"paths-only": "paths", "levels-only": "levels"}  # tests/rig/testbed_crux.py
-
-
-def _run(sc: Scenario, policy: Policy, duration_s: float, seed: int | None = None,
-         topo: Topology | None = None,
-         churn: dict[str, tuple[float, float | None]] | None = None,
-         levels: int | None = None) -> SimResult:
-    """The simulator on the scenario (on `levels` instead of its own); `churn` replaces
-    jobs' (arrival_s, iterations) with what happened on the rig."""
-    jobs, settings = simulation_of(sc, policies=["ecmp"], horizon_s=duration_s, seed=seed,
-                                   levels=levels)
-    if churn:
-        jobs = [dataclasses.replace(j, arrival_s=churn[j.job.id][0],
-                                    iterations=churn[j.job.id][1])
-                if j.job.id in churn else j for j in jobs]
-    return simulate(jobs, topo or sc.view.topology, policy, settings.config)
-
-
-def _utilizations(res: SimResult) -> dict[str, Any]:
-    """Cluster and per-job utilisation of one simulator run."""
-    return {"utilization": res.gpu_utilization,
-            "jobs": {r.job: r.busy_gpu_s / (r.gpus * r.active_s) if r.active_s else 0.0
-                     for r in res.jobs}}
-
-
-def simulated(sc: Scenario, duration_s: float,
-              churn: dict[str, tuple[float, float | None]] | None = None,
-              ) -> dict[str, dict[str, Any]]:
-    """The simulator on the same file: per policy, cluster and per-job utilisation;
-    paths-only is crux-full on one level (its paths do not depend on the levels),
-    levels-only crux's compressed levels on ECMP's paths."""
-    out = {"paths-only": _utilizations(_run(sc, make_policy("crux-full"), duration_s,
-                                            churn=churn, levels=1)),
-           "levels-only": _utilizations(_run(sc, Crux("levels-only", paths=False),
-                                             duration_s, churn=churn))}
-    for name in ("ecmp", "crux-full"):
-        res = _run(sc, make_policy(name), duration_s, churn=churn)
-        out[name] = _utilizations(res)
-    # alone, a job computes compute_s of every standalone period (the same in every run)
-    spec = {j.id: j for j in sc.view.jobs}
-    alone = {r.job: spec[r.job].compute_s / r.standalone_period_s for r in res.jobs}
-    gpus = {r.job: r.gpus for r in res.jobs}
-    out["standalone"] = {"utilization": sum(alone[j] * gpus[j] for j in alone)
-                         / sum(gpus.values()), "jobs": alone}
-    return out
-
-
-def churn_as_run(layout: Layout, logs: Logs, lo: float,
-                 hi: float) -> dict[str, tuple[float, float | None]]:
-    """Each arriving or leaving job's timing as it happened in the window, for the
-    simulator: its arrival from the window's start, and for a leaver the iterations it
-    did in the window."""
-    out: dict[str, tuple[float, float | None]] = {}
-    for job in layout.jobs:
-        if not job.churns:
-            continue
-        ranks = logs.get(job.id) or [[]]
-        first = min((r[0]["t0"] for r in ranks if r), default=hi)
-        inside = sum(1 for it in ranks[0] if it["t0"] >= lo)
-        out[job.id] = (max(0.0, first - lo) if job.arrival_s > 0 else 0.0,
-                       float(max(1, inside)) if job.iterations is not None else None)
-    return out
-
-
-def hash_draws(sc: Scenario, duration_s: float, n: int = 20,
-               churn: dict[str, tuple[float, float | None]] | None = None,
-               ) -> dict[str, float]:
-    """The simulator's ECMP under `n` hash seeds: which links collide is a draw, in the
-    simulator as on the rig (the kernel keys its hash at random per namespace)."""
-    us = [_run(sc, Ecmp(), duration_s, seed=seed, churn=churn).gpu_utilization
-          for seed in range(n)]
-    return {"n": n, "mean": sum(us) / n, "min": min(us), "max": max(us)}
-
-
-def simulated_degraded(sc: Scenario, duration_s: float, leaf: str, spine: str,
-                       via: dict[str, dict[tuple[str, str], str]] | None = None,
-                       levels: dict[str, int] | None = None) -> float:
-    """crux-full's utilisation on the fabric without the leaf-spine cable: what the
-    cluster can recover to after the failure; with `via` and `levels`, that of the
-    plan that ran after it instead (the network model's check on the degraded run)."""
-    topo = without_cable(sc.view.topology, leaf, spine)
-    policy = Pinned(via, levels=levels) if via is not None else make_policy("crux-full")
-    return _run(sc, policy, duration_s, topo=topo).gpu_utilization
-
-
-def simulated_on(sc: Scenario, duration_s: float,
-                 via: dict[str, dict[tuple[str, str], str]],
-                 churn: dict[str, tuple[float, float | None]] | None = None,
-                 levels: dict[str, int] | None = None) -> dict[str, Any]:
-    """The simulator with each hop on the path it was seen on, every job on one level or
-    on the `levels` the live plan gave: the network model compared on the same
-    collisions and priorities, not another hash draw or another plan."""
-    return _utilizations(_run(sc, Pinned(via, levels=levels), duration_s, churn=churn))
-
-
-def replayed_levels(mode: str, jobs: dict[str, dict[str, Any]]) -> dict[str, int] | None:
-    """The levels the simulator replays a crux-mode run on, beside the spines that carried
-    each hop: the plan's, except in paths-only, whose switches had one class for all
-    (None: every job on one level)."""
-    if mode == "paths-only":
-        return None
-    return {j: int(s.get("level", 0)) for j, s in jobs.items()}
 
 
 def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
@@ -253,43 +150,6 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
                            "spine_bytes": {f"{a}->{b}": c for (a, b), c in
                                            carried.get(jid, {}).items()}}
                      for jid, s in stats.items()}}
-
-
-def measured_vs_alone(layout: Layout, plan: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Per job, t_j and the period the leader planned with (measured live, profiled) and
-    the job's own alone (its hop's bytes at its slowest link; compute plus what the overlap
-    does not hide), with the relative errors."""
-    out = {}
-    for job in layout.jobs:
-        m = (plan.get(job.id) or {}).get("measurement") or {}
-        t, p = float(m.get("comm_s") or 0.0), float(m.get("period_s") or 0.0)
-        t0, p0 = comm_s(layout, job), standalone_period(layout, job)
-        out[job.id] = {"comm_s": t, "alone_comm_s": t0, "comm_error": t / t0 - 1 if t0 else 0.0,
-                       "period_s": p, "alone_period_s": p0,
-                       "period_error": p / p0 - 1 if p0 else 0.0,
-                       "source": str(m.get("source", ""))}
-    return out
-
-
-def link_down_result(logs: dict[str, Any], gpus: dict[str, int], down: LinkDown,
-                     churn: dict[str, float | None], lo: float, hi: float,
-                     bins: list[tuple[float, float]]) -> dict[str, Any]:
-    """When the cable went, when the leader re-planned, when each job's iterations were
-    back to their steady state, and the cluster's utilisation before and after."""
-    t = churn["t_down"]
-    assert t is not None
-    jobs = {jid: recovery(ranks, t) for jid, ranks in logs.items()}
-    rec = [j["recovered_s"] for j in jobs.values()]
-    return {"leaf": down.leaf, "spine": down.spine, "at_s": t - lo,
-            "decided_s": churn["decided_s"],
-            "recovered_s": cluster_recovery(bins, t - lo),
-            "jobs_recovered_s": None if None in rec else max(r for r in rec
-                                                              if r is not None),
-            "utilization_before": cluster_utilization(
-                {j: job_stats(r, lo, t) for j, r in logs.items()}, gpus),
-            "utilization_after": cluster_utilization(
-                {j: job_stats(r, t, hi) for j, r in logs.items()}, gpus),
-            "jobs": jobs}
 
 
 def run_modes(args: argparse.Namespace, sc: Scenario, layout: Layout, modes: list[str],

@@ -189,3 +189,51 @@ def test_offset_and_gain_leave_the_period(seed: int, period: float, offset: floa
         assert est is not None
         assert est.period_s == pytest.approx(base.period_s, rel=1e-6)
         assert est.confidence == pytest.approx(base.confidence, abs=1e-6)
+
+
+def _pieces(rng: np.random.Generator, fs: float, period: float, burst: float, mbyte_s: float,
+            piece: float, seconds: float) -> np.ndarray:
+    """Bytes/s per sample of a job whose sends return a `piece` at a time at `mbyte_s` while
+    it bursts: what a per-job send counter sees (cruxd/measure/comm.py, "Lumpy series")."""
+    n = int(seconds * fs)
+    t = np.arange(n) / fs
+    out = np.zeros(n)
+    start = rng.uniform(0, period)
+    while start < seconds:
+        k = np.arange(int(burst * mbyte_s * 1e6 / piece)) * piece / (mbyte_s * 1e6) + start
+        k = k[k < seconds]
+        np.add.at(out, np.minimum((k * fs).astype(int), n - 1), piece * fs)
+        start += period
+    del t
+    return out
+
+
+@pytest.mark.parametrize(("burst", "piece"), [(0.365, 65536.0), (0.09, 65536.0),
+                                              (0.365, 1448.0)])
+def test_send_side_pieces_time_the_burst_when_smoothed(burst: float, piece: float) -> None:
+    """64 KiB pieces at 25 MB/s sampled at 450 Hz: a sample holds 0, 1 or 2 of them, and the
+    raw midpoint reads the burst short; a 20 ms box times it (and changes nothing where
+    the pieces are small)."""
+    from cruxd.measure.comm import estimate_comm
+
+    rng = np.random.default_rng(7)
+    rates = _pieces(rng, 450.0, 1.22, burst, 25.0, piece, 30.0)
+    smooth = estimate_comm(rates, 450.0, smooth_s=0.02)
+    assert smooth is not None and smooth.comm_s == pytest.approx(burst, rel=0.05)
+    raw = estimate_comm(rates, 450.0)
+    assert raw is not None
+    if piece > 10000:
+        assert raw.comm_s < 0.9 * burst  # what the per-job source read without it
+    else:
+        assert raw.comm_s == pytest.approx(smooth.comm_s, rel=0.05)
+
+
+def test_smoothing_leaves_bursts_shorter_than_the_box_alone() -> None:
+    """A 7 ms burst (the ResNets') is timed raw: the box is capped at half a burst."""
+    from cruxd.measure.comm import estimate_comm
+
+    fs, period, burst = 450.0, 0.12, 0.007
+    t = np.arange(int(30 * fs)) / fs
+    rates = np.where((t % period) < burst, 25e6, 0.0)
+    a, b = estimate_comm(rates, fs), estimate_comm(rates, fs, smooth_s=0.02)
+    assert a is not None and b is not None and a.comm_s == b.comm_s

@@ -17,7 +17,7 @@ from cruxd import __version__
 from cruxd.agent.dataplane import DataPlane
 from cruxd.agent.first_decisions import FirstDecisions
 from cruxd.agent.inventory import discover_nics, gpu_count
-from cruxd.agent.job_ports import merge_ports, read_learned
+from cruxd.agent.job_ports import learned_ports, merge_ports
 from cruxd.agent.job_store import JobStore
 from cruxd.agent.leader_finder import LeaderFinder
 from cruxd.agent.local_api import AgentStatus, Refusal, Refused, StartInfo
@@ -131,8 +131,8 @@ class Agent:
     def local_jobs(self) -> list[LocalJob]:
         jobs = self.registry.jobs()
         self.measurement.forget({j.job_id for j in jobs})
-        busy = self.dataplane.ports_busy([j.job_id for j in jobs])
-        learned = read_learned(self.dataplane.qp_dir, self.registry.owner_uid) if jobs else {}
+        busy = self.dataplane.ports_busy([j.job_id for j in jobs])  # reads the records
+        learned = learned_ports(self.dataplane.sock_records, self.registry.owner_uid)
         return [replace(job, measurement=self.measurement.measure(
             job, self.registry.hints(job.job_id)),
             request_profiling=self.measurement.wants_profile(job.job_id),

@@ -46,6 +46,7 @@ class DataPlane:
         self._busy_live: dict[tuple[str, int, int], int] = {}
         self._busy_gone: dict[str, int] = {}
         self.last_busy: dict[str, int] = {}  # ports_busy's last answer (the metrics read it)
+        self.sock_records: list[SockCounts] = []  # the socket counters as last read
 
     def _skipped(self, what: str, problems: list[str]) -> None:
         """Count the files a scan refused; warn about them at most every SKIP_LOG_EVERY_S."""
@@ -158,6 +159,7 @@ class DataPlane:
             if n:
                 self._busy_gone[job] = self._busy_gone.get(job, 0) + n
         self._busy_live = {k: n for k, n in live.items() if n}
+        self.sock_records = records
         return records
 
     def ports_busy(self, jobs: Collection[str]) -> dict[str, int]:

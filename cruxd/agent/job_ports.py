@@ -15,12 +15,10 @@ point a job's probing and routes at ports of their choosing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 from cruxd.control.validate import MAX_JOB_TCP_PORTS
 from transport.pid_files import process_uids
 from transport.sock_records import SockCounts
-from transport.sock_records import read_dir as read_sock_dir
 
 MAX_JOB_PORTS = MAX_JOB_TCP_PORTS
 
@@ -49,11 +47,3 @@ def learned_ports(records: Iterable[SockCounts], job_uid: Callable[[str], int | 
         for port in r.listen_ports:
             mine.setdefault(port)
     return {job: tuple(ports) for job, ports in out.items()}
-
-
-def read_learned(qp_dir: Path, job_uid: Callable[[str], int | None]
-                 ) -> dict[str, tuple[int, ...]]:
-    """learned_ports over the records in `qp_dir` (the problems, if any, the data plane's
-    status reports when it reads the same files)."""
-    records, _ = read_sock_dir(qp_dir)
-    return learned_ports(records, job_uid)

@@ -64,6 +64,9 @@ from transport.qp_records import ProcessRecords
 
 LOG = logging.getLogger(__name__)
 SOURCE = "nvml+nic"
+# per-job bytes arrive as the job's sends return, in its own pieces: averaged over this
+# before the bursts are timed (cruxd/measure/comm.py)
+SENDS_SMOOTH_S = 0.02
 NIC = "nic"  # the kind of traffic source that is the host's NIC counters, not a job's own
 
 
@@ -298,7 +301,7 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
             return None
         gpu = [s for s in self.gpu_samples if s.t >= start]
         est = estimate_job(rates, self.cfg.rate_hz, gpu, self.inventory,
-                           self.job_devices(job_id))
+                           self.job_devices(job_id), 0.0 if kind == NIC else SENDS_SMOOTH_S)
         if est is not None:
             track.source = SOURCE if kind == NIC else f"nvml+{kind}"
             self._track(track, est, now)

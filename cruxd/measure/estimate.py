@@ -38,9 +38,11 @@ class JobEstimate:
 
 
 def estimate_job(rates: npt.ArrayLike, rate_hz: float, gpu_samples: list[GpuSample],
-                 inventory: list[GpuInfo], devices: set[int]) -> JobEstimate | None:
-    """None when the traffic shows no iteration period (too short, aperiodic, no bursts)."""
-    comm = estimate_comm(rates, rate_hz)
+                 inventory: list[GpuInfo], devices: set[int],
+                 smooth_s: float = 0.0) -> JobEstimate | None:
+    """None when the traffic shows no iteration period (too short, aperiodic, no bursts).
+    `smooth_s`: for series counted as the job's sends return (cruxd/measure/comm.py)."""
+    comm = estimate_comm(rates, rate_hz, smooth_s)
     if comm is None:
         return None
     note = ""
