@@ -129,8 +129,8 @@ class Worker:
 
     async def connect(self, timeout: float = 120.0) -> int:
         import grpc
-        from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
 
+        from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
         from cruxd.rpc.tls import KEEPALIVE
 
         for k, a in enumerate(self.agents):
@@ -148,6 +148,7 @@ class Worker:
 
     async def _watch(self, a: FakeAgent) -> None:
         import grpc
+
         from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 
         while True:

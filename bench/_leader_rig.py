@@ -22,10 +22,10 @@ import numpy as np
 from _cp_stats import cpu_s  # bench/ is on sys.path when run as a script
 from _fake_agents import worker_main
 from _workload import NICS_PER_HOST, host_id, nic_address
+
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
-
 from cruxd.testing import Daemon, crux_run, free_port, stop_processes
 
 HOSTS_PER_TOR = 16

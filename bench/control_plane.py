@@ -95,6 +95,7 @@ from _cp_stats import cpu_s, cpu_window, mem_mb, sched_s
 from _leader_rig import AGGS, HOSTS_PER_TOR, Bench
 from _real_rig import RealBench, worker_ranges
 from _workload import NIC_GBPS, NICS_PER_HOST, JobSpec, make_jobs
+
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 

@@ -30,9 +30,8 @@ ERRORS: set[str] = set()
 
 
 def _register(socket_path: Path, job: str) -> tuple[float, str]:
-    from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
-
     from cruxd.errors import CruxError
+    from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
     from cruxd.rpc.local import LocalClient
 
     t0 = time.perf_counter()
