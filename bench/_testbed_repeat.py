@@ -5,7 +5,10 @@ profiled and planned every job (the settling before the measured window included
 the rings take that plan, and the window): re-plans by kind of cause (plans that
 changed some job's decision), plans that changed none, each job's decision changes, and
 each job's ring rebuilds (the most any of its ranks made: all of them rebuild together).
-A rebuild with no decision change behind it is what the issue's floor forbids.
+A rebuild with no decision change behind it is what the issue's floor forbids: a rebuild
+for a decision of the plan every job was planned by is that plan taken one iteration late
+(a ring notices a new decision at its next all-reduce); only rebuilds for later plans'
+decisions have to be matched by decision changes.
 
 `summarise`: per mode, the median and the spread (min-max) over runs of each figure."""
 
@@ -23,16 +26,21 @@ def control_in_window(start: dict[str, Any], end: dict[str, Any],
                for k, n in end.get("replans", {}).items()}
     changes = {j: n - start.get("changes", {}).get(j, 0)
                for j, n in end.get("changes", {}).items()}
-    rebuilds = end.get("rebuilds")  # counted from when the leader had planned every job
-    if rebuilds is None:
-        rebuilds = {job: max((r[-1]["reconnects"] - r[0]["reconnects"] for r in ranks if r),
-                             default=0) for job, ranks in logs.items()}
+    # counted from when the leader had planned every job: (all, for a later plan's decision)
+    counted = end.get("rebuilds")
+    if counted is None:  # the window's own logs, every rebuild taken as for a later plan
+        counted = {}
+        for job, ranks in logs.items():
+            n = max((r[-1]["reconnects"] - r[0]["reconnects"] for r in ranks if r), default=0)
+            counted[job] = (n, n)
+    rebuilds = {job: all_ for job, (all_, _) in counted.items()}
+    newer = {job: n for job, (_, n) in counted.items()}
     return {"replans": {k: n for k, n in replans.items() if n},
             "replans_total": sum(replans.values()),
             "unchanged": end.get("unchanged", 0) - start.get("unchanged", 0),
             "decision_changes": changes, "ring_rebuilds": rebuilds,
             "rebuilds_without_change": sum(max(0, n - changes.get(j, 0))
-                                           for j, n in rebuilds.items())}
+                                           for j, n in newer.items())}
 
 
 def _spread(xs: list[float], fmt: str) -> str:

@@ -290,18 +290,28 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
             raw = {job.id: read_logs(logdir, job) for job in layout.jobs}
             logs = {jid: [[it for it in rank if it["t0"] >= settled] for rank in ranks]
                     for jid, ranks in raw.items()}
-    end_counts = {**control_counts(doc), "rebuilds": rebuilds_since(raw, t_planned)}
+    end_counts = {**control_counts(doc), "rebuilds": rebuilds_since(
+        raw, t_planned, at_planned["generation"])}
     return ModeRun(logs, carried, plan, final, link, churn.events, (at_planned, end_counts))
 
 
-def rebuilds_since(logs: dict[str, list[list[dict[str, Any]]]], t: float) -> dict[str, int]:
-    """Per job, the ring rebuilds after `t` (epoch s): the most any of its ranks made (they
-    rebuild together), from each rank's count at the last iteration that ended before."""
+def rebuilds_since(logs: dict[str, list[list[dict[str, Any]]]], t: float,
+                   generation: int) -> dict[str, tuple[int, int]]:
+    """Per job, (rebuilds after `t`, epoch s; of those, the ones for a decision from a plan
+    after `generation`): the most any of its ranks made (they rebuild together), from each
+    rank's count at the last iteration that ended before `t`. A rebuild for a decision of
+    `generation` or earlier is a ring taking, one iteration late, the plan it ran under."""
     out = {}
     for jid, ranks in logs.items():
-        out[jid] = max((r[-1]["reconnects"] - max((it["reconnects"] for it in r
-                                                   if it["end"] <= t), default=0)
-                        for r in ranks if r), default=0)
+        best = (0, 0)
+        for r in ranks:
+            base = max((it["reconnects"] for it in r if it["end"] <= t), default=0)
+            after = [it for it in r if it["end"] > t]
+            newer = sum(1 for a, b in zip([{"reconnects": base}, *after], after, strict=False)
+                        if b["reconnects"] > a["reconnects"]
+                        and b.get("rebuilt_for", generation + 1) > generation)
+            best = max(best, ((r[-1]["reconnects"] - base) if r else 0, newer))
+        out[jid] = best
     return out
 
 
@@ -309,7 +319,8 @@ def control_counts(doc: dict[str, Any]) -> dict[str, Any]:
     """The leader's re-plans by kind of cause, plans that changed nothing, and each job's
     decision changes, from `cruxctl status --json` (uint64 fields come as strings)."""
     cluster = doc.get("cluster") or {}
-    return {"replans": {k: int(v) for k, v in (cluster.get("replans") or {}).items()},
+    return {"generation": int(cluster.get("plan_generation") or 0),
+            "replans": {k: int(v) for k, v in (cluster.get("replans") or {}).items()},
             "unchanged": int(cluster.get("plans_unchanged") or 0),
             "changes": {j["job_id"]: int(j.get("decision_changes") or 0)
                         for j in cluster.get("jobs", [])}}
