@@ -271,26 +271,43 @@ def main() -> int:
         print(f"# fabric: {layout.leaves} leaves x {layout.hosts_per_leaf} hosts, "
               f"{layout.spines} spines; host links {layout.host_mbit:g} Mbit/s, uplinks "
               f"{layout.uplink_mbit:g} Mbit/s (scale {args.scale:g})", flush=True)
-    runs = []
+    runs: list[dict[str, Any]] = []
+    failed: list[str] = []
+    workdir = args.workdir
     for k in range(args.repeat):
         if args.repeat > 1:
             print(f"[testbed] run {k + 1} of {args.repeat}", file=sys.stderr, flush=True)
+            if workdir:  # each run's logs kept apart
+                args.workdir = str(Path(workdir) / f"run{k + 1}")
         reuse = ({"standalone": runs[0]["modes"]["standalone"]}
                  if runs and "standalone" in modes else None)
-        runs.append(run_modes(args, sc, layout, modes, down, sim, reuse))
+        try:
+            runs.append(run_modes(args, sc, layout, modes, down, sim, reuse))
+        except AssertionError as exc:  # a mode that never got going: said, and counted
+            if args.repeat == 1:
+                raise
+            failed.append(f"run {k + 1}: {exc}")
+            print(f"[testbed] run {k + 1} failed: {exc}", file=sys.stderr, flush=True)
+            continue
         if args.repeat > 1 and not args.json:
             print(f"\n# run {k + 1} of {args.repeat}")
             print_tables(runs[-1])
+    if not runs:
+        print("testbed: every run failed:\n" + "\n".join(failed), file=sys.stderr)
+        return 1
     result = runs[-1]
     if args.plot:
         plot(Path(args.plot), result)
     if args.json:
-        print(json.dumps(result if args.repeat == 1 else {"runs": runs}, indent=1))
+        print(json.dumps(result if args.repeat == 1 else {"runs": runs, "failed": failed},
+                         indent=1))
         return 0
     if args.repeat == 1:
         print_tables(result)
     else:
         print_summary(runs)
+        for why in failed:
+            print(f"failed, left out above: {why}")
     return 0
 
 
