@@ -6,9 +6,9 @@ the rings take that plan, and the window): re-plans by kind of cause (plans that
 changed some job's decision), plans that changed none, each job's decision changes, and
 each job's ring rebuilds (the most any of its ranks made: all of them rebuild together).
 A rebuild with no decision change behind it is what the issue's floor forbids: a rebuild
-for a decision of the plan every job was planned by is that plan taken one iteration late
-(a ring notices a new decision at its next all-reduce); only rebuilds for later plans'
-decisions have to be matched by decision changes.
+that took the decision the leader held for that hop when every job was planned is that plan
+taken an iteration late (a ring notices a new decision at its next all-reduce); only
+rebuilds to other decisions have to be matched by decision changes.
 
 `summarise`: per mode, the median and the spread (min-max) over runs of each figure."""
 
@@ -26,7 +26,7 @@ def control_in_window(start: dict[str, Any], end: dict[str, Any],
                for k, n in end.get("replans", {}).items()}
     changes = {j: n - start.get("changes", {}).get(j, 0)
                for j, n in end.get("changes", {}).items()}
-    # counted from when the leader had planned every job: (all, for a later plan's decision)
+    # counted from when the leader had planned every job: (all, not the planned decision)
     counted = end.get("rebuilds")
     if counted is None:  # the window's own logs, every rebuild taken as for a later plan
         counted = {}

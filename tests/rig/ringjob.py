@@ -112,16 +112,6 @@ class Decisions:
             return None
         return (d.dscp, tuple(d.tcp_sports) if d.tcp_dport == self.port else (), d.tcp_dport)
 
-    def generation(self) -> int:
-        """The plan generation of the decision as the table holds it now (0: none)."""
-        if self.reader is None or self.job is None:
-            return 0
-        try:
-            d = self.reader.lookup(self.job, self.peer)
-        except Exception:  # a damaged table: nothing to say
-            return 0
-        return 0 if d is None else int(d.plan_generation)
-
     def changed(self, sock: socket.socket | None) -> bool:
         """Whether the ring must be rebuilt to take the decision: it differs from the one
         read at the last connect, and the connection does not carry it already (its class,
@@ -159,7 +149,8 @@ class Ring:
         self.nxt = peers[(rank + 1) % self.n]
         self.decisions = Decisions(*self.nxt)
         self.reconnects = 0
-        self.rebuilt_for = 0  # the plan generation of the decision the last rebuild took
+        # the decision the last rebuild took: [dscp, its source ports, their port]
+        self.rebuilt_to: list[Any] = []
         self._connect()
 
     def _connect(self) -> None:
@@ -270,7 +261,8 @@ class Ring:
         with contextlib.suppress(OSError):
             self.next.close()
         self.reconnects += 1
-        self.rebuilt_for = self.decisions.generation()
+        now = self.decisions.now()
+        self.rebuilt_to = [] if now is None else [now[0], sorted(now[1]), now[2]]
         self._connect()
 
 
@@ -302,7 +294,7 @@ def run(args: argparse.Namespace) -> None:
             log.write(json.dumps({"i": i, "t0": t0, "comm_start": c0, "comm_end": done[0],
                                   "end": time.time(), "compute_s": args.compute_s,
                                   "reconnects": ring.reconnects,
-                                  "rebuilt_for": ring.rebuilt_for}) + "\n")
+                                  "rebuilt_to": ring.rebuilt_to}) + "\n")
             i += 1
     os._exit(0)  # the neighbours may still be mid-step; closing here ends theirs
 

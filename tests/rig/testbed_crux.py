@@ -266,7 +266,8 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
                 raise AssertionError(f"{exc}; jobs: {summary(seen[0])}") from None
             # the control plane is counted from here: every job profiled and planned; the
             # rings take that plan in the settling below, each after its current iteration
-            at_planned, t_planned = control_counts(seen[0]), time.time()
+            planned_doc, t_planned = seen[0], time.time()
+            at_planned = control_counts(planned_doc)
             if steer == "paths":  # after the profiling windows, which need the top level
                 f.one_class()
             # the tables take the plan, then each ring rebuilds after its current iteration
@@ -291,27 +292,37 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
             logs = {jid: [[it for it in rank if it["t0"] >= settled] for rank in ranks]
                     for jid, ranks in raw.items()}
     end_counts = {**control_counts(doc), "rebuilds": rebuilds_since(
-        raw, t_planned, at_planned["generation"])}
+        layout, raw, t_planned, planned_doc)}
     return ModeRun(logs, carried, plan, final, link, churn.events, (at_planned, end_counts))
 
 
-def rebuilds_since(logs: dict[str, list[list[dict[str, Any]]]], t: float,
-                   generation: int) -> dict[str, tuple[int, int]]:
-    """Per job, (rebuilds after `t`, epoch s; of those, the ones for a decision from a plan
-    after `generation`): the most any of its ranks made (they rebuild together), from each
-    rank's count at the last iteration that ended before `t`. A rebuild for a decision of
-    `generation` or earlier is a ring taking, one iteration late, the plan it ran under."""
+def rebuilds_since(layout: Layout, logs: dict[str, list[list[dict[str, Any]]]], t: float,
+                   planned: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per job, (rebuilds after `t`, epoch s; of those, the ones that took a decision other
+    than the one the leader's `planned` status held for that rank's hop): the most any of
+    its ranks made (they rebuild together), from each rank's count at the last iteration
+    that ended before `t`. A rebuild that took the planned decision is that plan taken an
+    iteration late (a ring notices a new decision at its next all-reduce)."""
+    held: dict[tuple[str, str, str], tuple[int, list[int], int]] = {}
+    for j in (planned.get("cluster") or {}).get("jobs", []):
+        for r in j.get("routes", []):
+            held[(j["job_id"], r["src_host"], r["peer_host"])] = (
+                int(j.get("dscp", 0)), sorted(int(p) for p in r.get("tcp_sports", [])),
+                int(r.get("tcp_dport", 0)))
     out = {}
-    for jid, ranks in logs.items():
+    for job in layout.jobs:
         best = (0, 0)
-        for r in ranks:
+        for rank, r in enumerate(logs.get(job.id, [])):
+            dscp, sports, dport = held.get(
+                (job.id, job.hosts[rank], job.hosts[(rank + 1) % len(job.hosts)]), (0, [], 0))
+            want = [dscp, sports if dport == job.port else [], dport]  # as the ring sees it
             base = max((it["reconnects"] for it in r if it["end"] <= t), default=0)
             after = [it for it in r if it["end"] > t]
-            newer = sum(1 for a, b in zip([{"reconnects": base}, *after], after, strict=False)
+            other = sum(1 for a, b in zip([{"reconnects": base}, *after], after, strict=False)
                         if b["reconnects"] > a["reconnects"]
-                        and b.get("rebuilt_for", generation + 1) > generation)
-            best = max(best, ((r[-1]["reconnects"] - base) if r else 0, newer))
-        out[jid] = best
+                        and b.get("rebuilt_to") != want)
+            best = max(best, ((r[-1]["reconnects"] - base) if r else 0, other))
+        out[job.id] = best
     return out
 
 
