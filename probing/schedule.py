@@ -47,6 +47,9 @@ class PeerState:
     last_error: str = ""
     due: float = 0.0  # monotonic seconds
     dports: tuple[int, ...] = ()  # TCP destination ports each sweep probes toward
+    # asked for again (a reprobe, a new port) since its sweep began: the sweep under way
+    # may have missed what was asked, so the one after it comes at once
+    asked: bool = False
 
 
 @dataclass
@@ -91,7 +94,7 @@ class ProbeSchedule:
                 changed = True
             elif old.dports != want:
                 if set(want) - set(old.dports):
-                    old.due = min(old.due, now)
+                    old.due, old.asked = min(old.due, now), True
                 old.dports = want  # a port no longer wanted leaves with the next sweep
         return changed
 
@@ -99,6 +102,12 @@ class ProbeSchedule:
         for h in hosts:
             if h in self.peers:
                 self.peers[h].due = min(self.peers[h].due, now)
+                self.peers[h].asked = True
+
+    def started(self, host: str) -> None:
+        """A sweep toward `host` begins: what was asked so far, it takes in."""
+        if host in self.peers:
+            self.peers[host].asked = False
 
     def next_due(self) -> PeerState | None:
         return min(self.peers.values(), key=lambda p: (p.due, p.host), default=None)
@@ -146,7 +155,7 @@ class ProbeSchedule:
         peer.probes_sent = result.probes_sent + sum(r.probes_sent for r in tcp.values())
         peer.errors = errors + result.unanswered + sum(r.unanswered for r in tcp.values())
         peer.last_error = last_error
-        peer.due = now + self.interval_s
+        peer.due = now if peer.asked else now + self.interval_s
         return _changes(before, {p.hops: (p.sports, p.tcp) for p in peer.paths})
 
     def failed(self, host: str, error: str, now: float, retry_s: float) -> None:

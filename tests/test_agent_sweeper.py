@@ -113,6 +113,26 @@ def test_schedule_order_and_due_times() -> None:
     assert not s.record("gone", r, 0, "", 1.0, 1)
 
 
+def test_what_is_asked_during_a_sweep_gets_a_sweep_of_its_own() -> None:
+    """A reprobe or a new port that arrives while a sweep toward the peer is under way may
+    be missed by it: the sweep after comes at once, not an interval later (a job's port
+    asked for mid-sweep went unprobed for the whole interval on the testbed)."""
+    s = ProbeSchedule((ipaddress.ip_network("10.0.0.0/8"),), interval_s=60)
+    s.set_peers({"a": ["10.0.0.1"]}, now=1.0, dports={"a": (5301,)})
+    r = SweepResult("a", {("l", "s0"): [49152]}, probes_sent=9)
+    s.started("a")
+    s.set_peers({"a": ["10.0.0.1"]}, now=2.0, dports={"a": (5301, 5302)})  # mid-sweep
+    s.record("a", r, 0, "", now=3.0, now_unix_ms=3000)
+    assert s.peers["a"].due == 3.0  # again at once, now with 5302
+    s.started("a")
+    s.record("a", r, 0, "", now=4.0, now_unix_ms=4000)
+    assert s.peers["a"].due == 64.0  # nothing asked meanwhile: the interval
+    s.started("a")
+    s.request(["a"], now=5.0)  # a reprobe mid-sweep
+    s.record("a", r, 0, "", now=6.0, now_unix_ms=6000)
+    assert s.peers["a"].due == 6.0
+
+
 def test_problems_name_the_commonest_reason_and_the_last_silent_port() -> None:
     quiet, noisy = ProbeCounters(), ProbeCounters()
     assert problems([quiet]) == (0, "")

@@ -233,6 +233,7 @@ class SweepProbing:
                 await wait_event(self._wake, wait)
                 continue
             assert peer is not None
+            self.schedule.started(peer.host)
             try:
                 result, tcp, errors, why = await asyncio.to_thread(self._sweep, peer)
             except OSError as exc:
