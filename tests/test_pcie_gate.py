@@ -84,23 +84,29 @@ def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("cbin"), "gate_drive", GATE_SOURCES, "-pthread")
 
 
-@pytest.fixture
-def rig(prog: Path, tmp_path: Path) -> Iterator[Callable[..., Drive]]:
-    """A semaphore file with two links and a map (mlx5_0, mlx5_1 on link 1; rxe0 on 0);
-    yields a factory of drivers, all killed at the end."""
+def drives(prog: Path, tmp_path: Path, links: tuple[DeviceLink, ...]
+           ) -> Iterator[Callable[..., Drive]]:
+    """A semaphore file with two links and a map of `links`; yields a factory of drivers
+    (a level, and keywords for Drive), all killed at the end."""
     PcieLocks.create(tmp_path / "pcie", 2).close()
-    write_map(tmp_path / "pcie-links", LinkMap(2, (DeviceLink("mlx5_0", 1, None),
-                                                   DeviceLink("mlx5_1", 1, None),
-                                                   DeviceLink("rxe0", 0, None))))
-    drives: list[Drive] = []
+    write_map(tmp_path / "pcie-links", LinkMap(2, links))
+    made: list[Drive] = []
 
     def make(level: int, **kw: object) -> Drive:
-        drives.append(Drive(prog, tmp_path, level, **kw))  # type: ignore[arg-type]
-        return drives[-1]
+        made.append(Drive(prog, tmp_path, level, **kw))  # type: ignore[arg-type]
+        return made[-1]
 
     yield make
-    for d in drives:
+    for d in made:
         d.close()
+
+
+@pytest.fixture
+def rig(prog: Path, tmp_path: Path) -> Iterator[Callable[..., Drive]]:
+    """mlx5_0, mlx5_1 on link 1; rxe0 on 0 (drives)."""
+    yield from drives(prog, tmp_path, (DeviceLink("mlx5_0", 1, None),
+                                       DeviceLink("mlx5_1", 1, None),
+                                       DeviceLink("rxe0", 0, None)))
 
 
 @pytest.fixture

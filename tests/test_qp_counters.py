@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.cbuild import build
-from tests.test_pcie_gate import LINK, Drive
+from tests.test_pcie_gate import LINK, Drive, drives
 from tests.test_pcie_links import GATE_SOURCES
 from transport.pcie import PcieLocks
-from transport.pcie_links import DeviceLink, LinkMap, write_map
+from transport.pcie_links import DeviceLink
 from transport.qp_records import (
     MAGIC,
     ProcessRecords,
@@ -43,19 +43,8 @@ def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def rig(prog: Path, tmp_path: Path) -> Iterator[DriveFactory]:
-    """A semaphore file and a map with the drivers' device (mlx5_0) on link LINK; yields a
-    factory of drivers (a level, and records=PATH to count), all killed at the end."""
-    PcieLocks.create(tmp_path / "pcie", 2).close()
-    write_map(tmp_path / "pcie-links", LinkMap(2, (DeviceLink("mlx5_0", LINK, None),)))
-    drives: list[Drive] = []
-
-    def make(level: int, **kw: object) -> Drive:
-        drives.append(Drive(prog, tmp_path, level, **kw))  # type: ignore[arg-type]
-        return drives[-1]
-
-    yield make
-    for d in drives:
-        d.close()
+    """The drivers' device (mlx5_0) on link LINK; records=PATH makes a driver count."""
+    yield from drives(prog, tmp_path, (DeviceLink("mlx5_0", LINK, None),))
 
 
 def read(path: Path) -> ProcessRecords:
