@@ -24,7 +24,8 @@ def control_in_window(start: dict[str, Any], end: dict[str, Any],
                       logs: dict[str, list[list[dict[str, Any]]]]) -> dict[str, Any]:
     replans = {k: n - start.get("replans", {}).get(k, 0)
                for k, n in end.get("replans", {}).items()}
-    changes = {j: n - start.get("changes", {}).get(j, 0)
+    # a job that left is forgotten by the leader's count (0 at the end): not negative
+    changes = {j: max(0, n - start.get("changes", {}).get(j, 0))
                for j, n in end.get("changes", {}).items()}
     # counted from when the leader had planned every job: (all, not the planned decision)
     counted = end.get("rebuilds")
