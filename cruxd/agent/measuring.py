@@ -64,9 +64,10 @@ from transport.qp_records import ProcessRecords
 
 LOG = logging.getLogger(__name__)
 SOURCE = "nvml+nic"
-# per-job bytes arrive as the job's sends return, in its own pieces: averaged over this
-# before the bursts are timed (cruxd/measure/comm.py)
-SENDS_SMOOTH_S = 0.02
+# bursts are timed on the series averaged over this, capped at half the burst
+# (cruxd/measure/comm.py): per-job bytes arrive in the job's own pieces, and NIC counters
+# read at a few hundred Hz on a loaded host jitter from sample to sample
+BURST_BOX_S = 0.02
 NIC = "nic"  # the kind of traffic source that is the host's NIC counters, not a job's own
 
 
@@ -301,7 +302,7 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
             return None
         gpu = [s for s in self.gpu_samples if s.t >= start]
         est = estimate_job(rates, self.cfg.rate_hz, gpu, self.inventory,
-                           self.job_devices(job_id), 0.0 if kind == NIC else SENDS_SMOOTH_S)
+                           self.job_devices(job_id), BURST_BOX_S)
         if est is not None:
             track.source = SOURCE if kind == NIC else f"nvml+{kind}"
             self._track(track, est, now)

@@ -20,8 +20,8 @@ piece fall either side: GPT's t_j read 17 % short. With `smooth_s`, the on-wire 
 counted on the series averaged over a box of that width, capped at half the raw estimate's
 burst (a burst shorter than the box would read as the box). A flat burst of width W >= B,
 averaged over a box of width B, is a trapezoid whose half-height width is exactly W, so the
-box costs no bias while it averages the pieces out; the per-job sources use it, the NIC's
-counters (the wire's own smooth rate) do not.
+box costs no bias while it averages the pieces out. The agent boxes every series, the NIC's
+too: read at a few hundred Hz on a loaded host, counters jitter from sample to sample.
 """
 
 from __future__ import annotations
