@@ -12,8 +12,10 @@ that are gone are removed.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
+import time
 from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
@@ -118,3 +120,27 @@ def scan(root: str | os.PathLike[str], prefix: str, limit: int,
         else:
             out.append(rec)
     return out, problems
+
+
+class SkippedFiles:
+    """Files a scan refused (hostile or broken), counted over all scans and warned about at
+    most once every `every_s`: any job can fill the directory with junk, and a warning per
+    scan would flood the journal. Each refusal is also logged at debug level."""
+
+    def __init__(self, log: logging.Logger, every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.log, self.every_s, self.clock = log, every_s, clock
+        self.count = 0
+        self._logged = -every_s
+
+    def note(self, what: str, problems: list[str]) -> None:
+        if not problems:
+            return
+        self.count += len(problems)
+        now = self.clock()
+        if now - self._logged >= self.every_s:
+            self._logged = now
+            self.log.warning("%s: %d file(s) skipped (%d in all so far), e.g. %s", what,
+                             len(problems), self.count, problems[0])
+        for p in problems:
+            self.log.debug("%s: %s", what, p)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -20,12 +19,12 @@ from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from transport.decision_table import TableError, TableReader
 from transport.pcie import PcieLockError, PcieLocks, PcieSwitch, shared_links
 from transport.pcie_links import LinkMap, LinkMapError, device_links, write_map
+from transport.pid_files import SkippedFiles
 from transport.qp_records import ProcessRecords, classify, read_dir
 from transport.sock_records import SockCounts, by_job
 from transport.sock_records import read_dir as read_sock_dir
 
 LOG = logging.getLogger("cruxd.agent")
-SKIP_LOG_EVERY_S = 60.0  # any job can fill qps/ with junk: one warning a minute, not a flood
 
 
 class DataPlane:
@@ -37,8 +36,7 @@ class DataPlane:
         self.sysfs_root = sysfs_root
         self.pcie_links = 0
         self.problems: list[str] = []
-        self.skipped_files = 0  # record files refused (hostile or broken), over all scans
-        self._skip_logged = -SKIP_LOG_EVERY_S
+        self.skips = SkippedFiles(LOG)  # record files refused, over all scans
         # ports-busy connects of the registered jobs (`_jobs`): the live processes' counters
         # as last read, by (job, pid, file creation), and per job the sum of those of its
         # processes that exited since it registered (their files go, the count stays)
@@ -48,18 +46,9 @@ class DataPlane:
         self.last_busy: dict[str, int] = {}  # ports_busy's last answer (the metrics read it)
         self.sock_records: list[SockCounts] = []  # the socket counters as last read
 
-    def _skipped(self, what: str, problems: list[str]) -> None:
-        """Count the files a scan refused; warn about them at most every SKIP_LOG_EVERY_S."""
-        if not problems:
-            return
-        self.skipped_files += len(problems)
-        now = time.monotonic()
-        if now - self._skip_logged >= SKIP_LOG_EVERY_S:
-            self._skip_logged = now
-            LOG.warning("%s: %d file(s) skipped (%d in all so far), e.g. %s", what,
-                        len(problems), self.skipped_files, problems[0])
-        for p in problems:
-            LOG.debug("%s: %s", what, p)
+    @property
+    def skipped_files(self) -> int:
+        return self.skips.count
 
     def start(self) -> None:
         try:  # any job's shim writes its own file here, like /tmp: sticky and world-writable
@@ -102,7 +91,7 @@ class DataPlane:
     def records(self) -> list[ProcessRecords]:
         """The live job processes' QP records (the measurement reads which ports they use)."""
         records, problems = read_dir(self.qp_dir)
-        self._skipped("QP records", problems)
+        self.skips.note("QP records", problems)
         return records
 
     def tc_overrides(self) -> list[apb.NicTcOverride]:
@@ -116,7 +105,7 @@ class DataPlane:
         packets carry (`overrides`: the ports' traffic-class overrides, read here when not
         given); prunes the records of processes that are gone."""
         records, self.problems = read_dir(self.qp_dir, prune=True)
-        self._skipped("QP records", self.problems)
+        self.skips.note("QP records", self.problems)
         if not records:
             return []
         try:
@@ -147,7 +136,7 @@ class DataPlane:
         keeping their ports-busy counts for their job (ports_busy)."""
         gone: list[SockCounts] = []
         records, problems = read_sock_dir(self.qp_dir, prune=True, gone=gone)
-        self._skipped("socket counters", problems)
+        self.skips.note("socket counters", problems)
         live = {(r.job_id, r.pid, r.created_ns): r.counters["ports-busy"] for r in records
                 if r.job_id in self._jobs}
         ended = {(r.job_id, r.pid, r.created_ns): r.counters["ports-busy"] for r in gone

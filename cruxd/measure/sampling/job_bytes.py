@@ -46,10 +46,10 @@ import numpy.typing as npt
 
 from cruxd.measure.window import CounterWindow
 from transport import qp_records, sock_records
+from transport.pid_files import SkippedFiles
 
 LOG = logging.getLogger(__name__)
 RESCAN_S = 1.0  # how often the set of files is read again
-SKIP_LOG_EVERY_S = 60.0  # any job can plant junk files: a warning a minute at most
 
 
 @dataclass(frozen=True)
@@ -146,8 +146,7 @@ class JobBytes:
         self._lock = threading.Lock()  # the windows and counts: the loop reads them
         self._rescanned = -math.inf
         self.failed = 0  # readings that failed, all counters together
-        self.skipped = 0  # files refused over all scans
-        self._skip_logged = -SKIP_LOG_EVERY_S
+        self.skips = SkippedFiles(LOG, clock=clock)  # files refused over all scans
 
     # --- sampling thread -----------------------------------------------------------------
     def descriptors(self) -> list[tuple[int, int]]:
@@ -193,17 +192,7 @@ class JobBytes:
             counted[k] = counted.get(k, 0) + 1
         with self._lock:
             self._counted = counted
-        self._skipped(problems)
-
-    def _skipped(self, problems: list[str]) -> None:
-        if not problems:
-            return
-        self.skipped += len(problems)
-        now = self.clock()
-        if now - self._skip_logged >= SKIP_LOG_EVERY_S:
-            self._skip_logged = now
-            LOG.warning("per-job counters: %d file(s) skipped (%d in all so far), e.g. %s",
-                        len(problems), self.skipped, problems[0])
+        self.skips.note("per-job counters", problems)
 
     def add(self, ts: Sequence[float], raw: npt.NDArray[np.int64]) -> None:
         """Readings of the counters `descriptors` gave, ticks x counters: raw[i, k] read at
