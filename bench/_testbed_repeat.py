@@ -20,20 +20,14 @@ from typing import Any
 from tables import table  # bench/ is on sys.path when run as a script
 
 
-def control_in_window(start: dict[str, Any], end: dict[str, Any],
-                      logs: dict[str, list[list[dict[str, Any]]]]) -> dict[str, Any]:
+def control_in_window(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
     replans = {k: n - start.get("replans", {}).get(k, 0)
                for k, n in end.get("replans", {}).items()}
     # a job that left is forgotten by the leader's count (0 at the end): not negative
     changes = {j: max(0, n - start.get("changes", {}).get(j, 0))
                for j, n in end.get("changes", {}).items()}
     # counted from when the leader had planned every job: (all, not the planned decision)
-    counted = end.get("rebuilds")
-    if counted is None:  # the window's own logs, every rebuild taken as for a later plan
-        counted = {}
-        for job, ranks in logs.items():
-            n = max((r[-1]["reconnects"] - r[0]["reconnects"] for r in ranks if r), default=0)
-            counted[job] = (n, n)
+    counted = end["rebuilds"]
     rebuilds = {job: all_ for job, (all_, _) in counted.items()}
     newer = {job: n for job, (_, n) in counted.items()}
     return {"replans": {k: n for k, n in replans.items() if n},

@@ -124,7 +124,7 @@ def measure(layout: Layout, mode: str, workdir: Path, duration_s: float,
         stats = {jid: job_stats(ranks, lo, hi) for jid, ranks in logs.items()}
     out: dict[str, Any] = {}
     if run.control[1]:
-        out["control"] = control_in_window(*run.control, logs)
+        out["control"] = control_in_window(*run.control)
     if mode in ("crux", *STEER):  # live: what the leader planned with, against the truth
         out["measured"] = measured_vs_alone(layout, plan)
     if mode != "standalone":  # the jobs ran one after another there: no common clock
