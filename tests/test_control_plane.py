@@ -39,6 +39,12 @@ def jobs_in(d: Daemon) -> set[str]:
     return {job for job, _ in table(d)[1]}
 
 
+def planned_in(d: Daemon) -> set[str]:
+    """Jobs whose job-wide entry is no longer provisional (the leader has heard every host of
+    the job): before that, every job sits at the unmeasured level and levels say nothing."""
+    return {job for (job, peer), x in table(d)[1].items() if peer is None and not x.provisional}
+
+
 @pytest.fixture
 def rig(tmp_path: Path):
     topo = tmp_path / "fabric.json"
@@ -80,7 +86,8 @@ def test_plan_reaches_tables_survives_leader_restart_and_drops_ended_jobs(rig) -
     jobs.extend(small)
 
     for host, job in [("h0", "big"), ("h1", "big"), ("h2", "small"), ("h3", "small")]:
-        wait_for(f"{job} in {host}'s table", lambda h=host, j=job: j in jobs_in(agents[h]))
+        wait_for(f"{job} planned in {host}'s table",
+                 lambda h=host, j=job: j in planned_in(agents[h]))
     gen, h0 = table(agents["h0"])
     _, h2 = table(agents["h2"])
     big, small_d = h0[("big", None)], h2[("small", None)]
