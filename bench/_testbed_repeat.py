@@ -2,8 +2,8 @@
 
 `control_in_window`: what the leader and the rings did from the moment the leader had
 profiled and planned every job (the settling before the measured window included, in which
-the rings take that plan, and the window): re-plans by kind of cause (plans that
-changed some job's decision), plans that changed none, each job's decision changes, and
+the rings take that plan, and the window): re-plans (plans that changed some job's
+decision), also by kind of cause, plans that changed none, each job's decision changes, and
 each job's ring rebuilds (the most any of its ranks made: all of them rebuild together).
 A rebuild with no decision change behind it is what the issue's floor forbids: a rebuild
 that took the decision the leader held for that hop when every job was planned is that plan
@@ -30,11 +30,17 @@ def control_in_window(start: dict[str, Any], end: dict[str, Any]) -> dict[str, A
     counted = end["rebuilds"]
     rebuilds = {job: all_ for job, (all_, _) in counted.items()}
     newer = {job: n for job, (_, n) in counted.items()}
+    unchanged = end.get("unchanged", 0) - start.get("unchanged", 0)
+    # every published plan is counted once, as a re-plan or as unchanged; the kinds count a
+    # plan once per kind of cause it carried ("job arrived" and "profiling" at once)
+    total = (end["generation"] - start["generation"] - unchanged
+             if "generation" in end and "generation" in start else sum(replans.values()))
+    # a job that arrived in the window rebuilds to its first decision, which is no change
+    first = {j: 0 if j in start.get("changes", {}) else 1 for j in newer}
     return {"replans": {k: n for k, n in replans.items() if n},
-            "replans_total": sum(replans.values()),
-            "unchanged": end.get("unchanged", 0) - start.get("unchanged", 0),
+            "replans_total": total, "unchanged": unchanged,
             "decision_changes": changes, "ring_rebuilds": rebuilds,
-            "rebuilds_without_change": sum(max(0, n - changes.get(j, 0))
+            "rebuilds_without_change": sum(max(0, n - changes.get(j, 0) - first[j])
                                            for j, n in newer.items())}
 
 

@@ -325,6 +325,9 @@ def test_reverified_paths_do_not_replan_and_lost_hops_ask_for_reprobes() -> None
                   probed_unix_ms=3500),)), 3.5)
     assert s.reprobe(3.5) == {}
     assert s.reprobe(1e6) == {} and s.down_hops == {}  # forgotten after a while
+    # a table the agent stops keeping (its host's jobs no longer talk to h2) lost nothing
+    assert s.ingest(report("h0", paths=()), 1e6 + 1) == ["path table changed: h0"]
+    assert s.down_hops == {} and s.reprobe(1e6 + 1) == {}
 
 
 @pytest.mark.parametrize(("before", "after", "material"), [

@@ -43,7 +43,11 @@ def test_replans_count_by_cause_and_jobs_count_their_changes() -> None:
     assert st.record(p3, p4) == ["a", "b"]
     assert st.replans["path table changed"] == 1  # once per plan, however many causes
     assert st.decision_changes == {"a": 1, "b": 1}
-    # a leaves: a re-plan; a is forgotten
+    # a leaves: a re-plan; a keeps its count until the leader forgets the job
     p5 = plan(5, assignment("b", level=2), causes=("job ended: a",))
     assert st.record(p4, p5) == []
-    assert st.replans["job ended"] == 1 and st.decision_changes == {"b": 1}
+    assert st.replans["job ended"] == 1 and st.decision_changes == {"a": 1, "b": 1}
+    st.forget({"a", "b"})
+    assert st.decision_changes == {"a": 1, "b": 1}
+    st.forget({"b"})
+    assert st.decision_changes == {"b": 1}

@@ -21,7 +21,7 @@ LIVE_KEYS = frozenset({
     "agent.start_wait_s",
     "leader.levels", "leader.dscp", "leader.debounce_ms", "leader.profiling_s",
     "leader.change_threshold", "leader.change_hold_s", "leader.failure_settle_s",
-    "leader.tie_tolerance",
+    "leader.job_settle_s", "leader.tie_tolerance",
     "leader.agent_timeout_s",
 })
 
@@ -107,6 +107,7 @@ class LeaderConfig:
     change_threshold: float
     change_hold_s: float  # a measurement change must hold this long before it re-plans
     failure_settle_s: float  # after hops vanish: the longest a re-plan waits for reprobes
+    job_settle_s: float  # a multi-host job's event: the longest a re-plan waits for its hosts
     tie_tolerance: float  # PlanConfig.tie_tolerance
     star_nic_gbps: float
     max_jobs: int

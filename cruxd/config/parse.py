@@ -290,6 +290,7 @@ def _leader(s: Section, state_dir: Path) -> LeaderConfig:
         change_threshold=s.number("change_threshold", 0.10, Range(0, 10, lo_open=True)),
         change_hold_s=s.number("change_hold_s", 15.0, Range(0, 3600)),
         failure_settle_s=s.number("failure_settle_s", 3.0, Range(0, 600)),
+        job_settle_s=s.number("job_settle_s", 3.0, Range(0, 600)),
         tie_tolerance=s.number("tie_tolerance", 0.10, Range(0, 0.9)),
         star_nic_gbps=s.number("star_nic_gbps", 100.0, Range(0, 100000, lo_open=True)),
         max_jobs=s.integer("max_jobs", 100000, Range(1, 10_000_000)),

@@ -111,11 +111,14 @@ class ClusterState:
                 causes.append(f"NICs changed: {host}")
             if _shapes(old.paths) != _shapes(paths):
                 causes.append(f"path table changed: {host}")
-                gone = _hops(old.paths) - _hops(paths)
+                # A table the agent stopped keeping (no job of its host talks to that peer
+                # any more) lost no hop: only a sweep that no longer finds one did. Taking
+                # dropped tables for losses sent 7 hosts reprobes when a job ended.
+                kept = {dst: t for dst, t in old.paths.items() if dst in paths}
+                gone = _hops(kept) - _hops(paths)
                 self.down_hops.update(dict.fromkeys(gone, now))
-                for dst, t in old.paths.items():
-                    kept = _table_hops(paths[dst]) if dst in paths else set()
-                    if _table_hops(t) - kept:
+                for dst, t in kept.items():
+                    if _table_hops(t) - _table_hops(paths[dst]):
                         self.lost_at[(host, dst)] = now
         before = old.jobs if old is not None and not old.expired else {}
         for jid in sorted(new_jobs.keys() - before.keys()):

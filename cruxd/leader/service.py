@@ -19,7 +19,6 @@ from pathlib import Path
 
 from cruxd.config.model import Config
 from cruxd.control.cluster import ClusterState
-from cruxd.control.failure_hold import failure_hold
 from cruxd.control.host_plans import (
     JobMemo,
     LeaderPlanConfig,
@@ -34,6 +33,7 @@ from cruxd.leader import store
 from cruxd.leader.auth import Gate
 from cruxd.leader.fanout import FanOut
 from cruxd.leader.hint_service import LeaderHints
+from cruxd.leader.holds import ReplanHolds
 from cruxd.leader.rpcs import LeaderRpcs
 from cruxd.model.topology import Topology
 from cruxd.scheduler.dscp import can_profile
@@ -67,8 +67,7 @@ class Leader(LeaderRpcs):
         self._wake = asyncio.Event()
         self._published = asyncio.Event()
         self._causes: list[str] = []
-        self._held_for: dict[str, tuple[str, ...]] = {}  # the reprobes a re-plan waits for
-        self._failure_since: float | None = None  # the first loss of the failure held for
+        self._holds = ReplanHolds()  # after a failure or a multi-host job's first report
         self._first_event: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._persist: asyncio.Task[None] | None = None
@@ -150,7 +149,7 @@ class Leader(LeaderRpcs):
         await cancelled(self._persist, "the state saver")
         self._published.set()
         self.plan, self.state, self.not_publishing = None, self._fresh_state(), ""
-        self._causes, self._first_event = [], None
+        self._causes, self._first_event, self._holds = [], None, ReplanHolds()
 
     def _fresh_state(self) -> ClusterState:
         lc = self.config.leader
@@ -215,7 +214,8 @@ class Leader(LeaderRpcs):
                     min(0.2, self._settle_until - now), self._wake.set)
                 continue
             self._unheard.clear()
-            if causes and await self._awaiting_reprobe(causes, now):
+            if causes and (self._awaiting_job(causes, now)
+                           or await self._awaiting_reprobe(causes, now)):
                 continue
             if causes or (self.plan is None and self.state.agents):
                 self._planning = True
@@ -224,22 +224,28 @@ class Leader(LeaderRpcs):
                 finally:
                     self._planning = False
 
+    def _awaiting_job(self, causes: list[str], now: float) -> bool:
+        """Hold a multi-host job's arrival or departure until all its hosts have reported
+        it (control/job_hold.py): one re-plan per job event, not per host."""
+        hold = None if self.plan is None else self._holds.job(
+            self.state, causes, now, self.config.leader.job_settle_s)
+        if hold is None:
+            return False
+        self._causes = [*causes, *self._causes]  # for the re-plan to come
+        asyncio.get_running_loop().call_later(max(0.05, min(0.5, hold.until - now)),
+                                              self._wake.set)
+        return True
+
     async def _awaiting_reprobe(self, causes: list[str], now: float) -> bool:
         """After a failure, hold the re-plan until the agents whose paths crossed the lost
         hops have probed again (control/failure_hold.py), so that one re-plan takes the
         whole failure in; meanwhile the reprobe requests go out alone, in a plan that
         changes no decision. Any other cause re-plans at once, as ever."""
-        hold = None if self.plan is None else failure_hold(
-            self.state, causes, now, self.config.leader.failure_settle_s, self._failure_since)
-        self._failure_since = hold.start if hold is not None else None
+        hold = None if self.plan is None else self._holds.failure(
+            self.state, causes, now, self.config.leader.failure_settle_s)
         if hold is None or self.plan is None:
             return False
         self._causes = [*causes, *self._causes]  # for the re-plan to come
-        if hold.waiting != self._held_for:
-            self._held_for = hold.waiting
-            LOG.info("after lost hops: re-plan held up to %.1f s more for %d host(s) to probe "
-                     "again: %s", hold.until - now, len(hold.waiting),
-                     ", ".join(f"{h}->{'/'.join(p)}" for h, p in sorted(hold.waiting.items())[:6]))
         if any(not set(peers) <= set(self.plan.reprobe.get(h, ()))
                for h, peers in hold.reprobe.items()):
             await self._replan(causes, reprobe=hold.reprobe)
@@ -297,6 +303,7 @@ class Leader(LeaderRpcs):
         else:
             await asyncio.to_thread(self._mark_published, gen)
         moved = self.replans.record(self.plan, plan)
+        self.replans.forget(self.state.jobs)
         self.plan = plan
         old, self._published = self._published, asyncio.Event()
         old.set()
