@@ -74,9 +74,10 @@ def _incomplete(state: ClusterState, m: MergedJob | None) -> str | None:
     for src, dst in zip(ring, ring[1:] + ring[:1], strict=True):
         ports = m.ports_at(dst)
         rec = state.agents.get(src)
-        table = rec.paths.get(dst) if rec is not None and src != dst else None
-        if ports and table is not None and not any(
-                t.dport in ports for p in table.paths for t in p.tcp):
+        if not ports or rec is None or src == dst or not rec.inventory.sweeps:
+            continue
+        table = rec.paths.get(dst)
+        if table is None or not any(t.dport in ports for p in table.paths for t in p.tcp):
             return f"port {ports[0]} at {dst} not probed from {src} yet"
     return None
 
