@@ -10,35 +10,20 @@ from cruxd.config.parse import parse_config
 from cruxd.control.cluster import ClusterState
 from cruxd.control.host_plans import PublishedPlan
 from cruxd.control.job_hold import job_hold
-from cruxd.control.records import (
-    AgentReport,
-    HostInventory,
-    LocalJob,
-    Measurement,
-    Nic,
-    PathTable,
-    ProbedPath,
-)
+from cruxd.control.records import AgentReport, HostInventory, LocalJob, Measurement, Nic
 from cruxd.leader.service import Leader
-from cruxd.model.view import TcpPortSet
 
 M = Measurement(1e12, 0.1, 1.0, 0.8, 1e9, "hints")
 
 
-def report(host: str, *jobs: LocalJob, paths: tuple[PathTable, ...] = (),
-           probing: str = "sweep (udp)") -> AgentReport:
+def report(host: str, *jobs: LocalJob) -> AgentReport:
     addr = f"10.0.0.{int(host[1:]) + 1}"
-    return AgentReport(HostInventory(host, "1.0", 8, (Nic("mlx5_0", addr, 0, 100.0),),
-                                     "static", probing), jobs, paths)
+    return AgentReport(HostInventory(host, "1.0", 8, (Nic("mlx5_0", addr, 0, 100.0),)),
+                       jobs, ())
 
 
 def part(jid: str, rank: int, nnodes: int, ports: tuple[int, ...] = ()) -> LocalJob:
     return LocalJob(jid, 8, rank, nnodes, measurement=M, tcp_ports=ports)
-
-
-def toward(dst: str, *dports: int) -> PathTable:
-    return PathTable(dst, (ProbedPath(("tor0", "agg1", "tor1"), (49152,),
-                                      tcp=tuple(TcpPortSet(d, (40000,)) for d in dports)),))
 
 
 def state() -> ClusterState:
@@ -89,42 +74,15 @@ def test_the_wait_is_bounded_and_other_causes_go_at_once() -> None:
     assert job_hold(s, [*causes, "profiling: z"], 1.0, 3.0, None) is None
 
 
-def test_a_tcp_job_waits_for_probes_toward_its_ports() -> None:
-    """Agents probe a new job's listening port at once; a plan before that gives the job
-    no source ports, and the one after it moves every job near it."""
+def test_a_tcp_job_does_not_wait_for_probes_toward_its_ports() -> None:
+    """Agents learn which port to probe from the plan's routes: waiting for those probes
+    before the plan would wait out job_settle_s for nothing."""
     s = state()
     s.ingest(report("h0"), 0)
     s.ingest(report("h1"), 0)
     causes = s.ingest(report("h0", part("a", 0, 2, (29500,))), 1.0)
     causes += s.ingest(report("h1", part("a", 1, 2, (29501,))), 1.2)
-    hold = job_hold(s, causes, 1.2, 3.0, 1.0)  # no table toward h1 yet: the sweep comes
-    assert hold is not None and hold.waiting == {"a": "port 29501 at h1 not probed from h0 yet"}
-    causes += s.ingest(report("h0", part("a", 0, 2, (29500,)), paths=(toward("h1"),)), 1.3)
-    causes += s.ingest(report("h1", part("a", 1, 2, (29501,)), paths=(toward("h0"),)), 1.3)
-    hold = job_hold(s, causes, 1.3, 3.0, 1.0)  # tables, but not toward the job's ports
-    assert hold is not None and hold.waiting == {"a": "port 29501 at h1 not probed from h0 yet"}
-    # a path table change elsewhere is not the job's: plan at once
-    assert job_hold(s, [*causes, "path table changed: h7"], 1.2, 3.0, 1.0) is None
-    # nor is one that lost hops: that is a failure, held by failure_hold
-    s.down_hops["agg2"] = 1.1
-    assert job_hold(s, [*causes, "path table changed: h0"], 1.2, 3.0, 1.0) is None
-    del s.down_hops["agg2"]
-    causes += s.ingest(report("h0", part("a", 0, 2, (29500,)),
-                              paths=(toward("h1", 29501),)), 1.5)
-    hold = job_hold(s, causes, 1.5, 3.0, 1.0)
-    assert hold is not None and hold.waiting == {"a": "port 29500 at h0 not probed from h1 yet"}
-    causes += s.ingest(report("h1", part("a", 1, 2, (29501,)),
-                              paths=(toward("h0", 29500),)), 1.7)
-    assert causes[-1] == "path table changed: h1"
-    assert job_hold(s, causes, 1.7, 3.0, 1.0) is None  # probed both ways: plan
-    # agents that do not sweep (static tables, or the fabric routes) are not waited for
-    for probing in ("static", "sweep (udp), idle: the fabric routes"):
-        s = state()
-        s.ingest(report("h0", probing=probing), 0)
-        s.ingest(report("h1", probing=probing), 0)
-        causes = s.ingest(report("h0", part("a", 0, 2, (29500,)), probing=probing), 1.0)
-        causes += s.ingest(report("h1", part("a", 1, 2, (29501,)), probing=probing), 1.2)
-        assert job_hold(s, causes, 1.2, 3.0, 1.0) is None, probing
+    assert job_hold(s, causes, 1.2, 3.0, 1.0) is None
 
 
 # --- the leader ---------------------------------------------------------------------------

@@ -28,14 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from cruxd.config.model import ProbingConfig
-from cruxd.control.records import (
-    PATHS_BY_FABRIC,
-    SWEEP_IDLE,
-    SWEEP_NAME,
-    HostPlan,
-    PathTable,
-    ProbedPath,
-)
+from cruxd.control.records import PATHS_BY_FABRIC, HostPlan, PathTable, ProbedPath
 from cruxd.model.view import TcpPortSet
 from cruxd.waits import wait_event
 from probing.int_prober import IntProber
@@ -137,8 +130,7 @@ class SweepProbing:
                  tcp_factory: TcpProberFactory | None = None) -> None:
         self.cfg = cfg
         self.host_id = host_id
-        tcp = f", tcp/{cfg.tcp_dport}" if cfg.tcp_dport else ""
-        self.swept_by = f"{SWEEP_NAME}{cfg.method}{tcp})"
+        self.swept_by = f"sweep ({cfg.method}{f', tcp/{cfg.tcp_dport}' if cfg.tcp_dport else ''})"
         self.name = self.swept_by
         self.fabric_routes = False  # the leader's plan leaves paths to the fabric
         self.on_change = on_change
@@ -168,7 +160,7 @@ class SweepProbing:
         fabric = hp.path_selection == PATHS_BY_FABRIC
         if fabric != self.fabric_routes:
             self.fabric_routes = fabric
-            self.name = f"{self.swept_by}, {SWEEP_IDLE}" if fabric else self.swept_by
+            self.name = f"{self.swept_by}, idle: the fabric routes" if fabric else self.swept_by
             LOG.info("the leader %s: %s", "leaves paths to the fabric" if fabric
                      else "steers paths by probed ports",
                      "no sweeps" if fabric else "sweeping its jobs' peers")

@@ -5,10 +5,9 @@ Each agent reports its own part of a job. A two-host job's arrival reached the l
 departure as "job left host" then "job ended": two re-plans per event, the first of them
 for a job that was half there (the emulated testbed's churn run). A job says how many hosts
 it spans (`LocalJob.nnodes`), so the leader holds such a re-plan until every host of an
-arriving job reports it (and, for a TCP job, its hosts have probed toward its ports), and
-every host of a leaving job has stopped reporting it, or until `job_settle_s` has passed
-since the first report of the event. Any other cause re-plans at once, taking the held
-causes with it.
+arriving job reports it, and every host of a leaving job has stopped reporting it, or
+until `job_settle_s` has passed since the first report of the event. Any other cause
+re-plans at once, taking the held causes with it.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from cruxd.control.replan_stats import cause_kind
 ARRIVING = ("job arrived", "job grew")
 LEAVING = "job left host"
 PROFILING = "profiling"  # an arriving job's window starts with its arrival
-PATHS = "path table changed"  # an arriving job's hosts probe toward its ports
 
 
 @dataclass(frozen=True)
@@ -44,9 +42,7 @@ def job_hold(state: ClusterState, causes: list[str], now: float, settle_s: float
     merged = {m.job_id: m for m in state.merged_jobs()
               if m.job_id in {jid for _, jid in events}}
     arriving = {jid: why for kind, jid in events if kind in (*ARRIVING, PROFILING)
-                and (why := _incomplete(state, merged.get(jid))) is not None}
-    hosts = {h for jid in arriving for h, _ in merged[jid].hosts}
-    failing = any(now - at < settle_s for at in state.down_hops.values())
+                and (why := _incomplete(merged.get(jid))) is not None}
     waiting = {}
     for kind, jid in events:
         if kind in ARRIVING and jid in arriving:
@@ -55,34 +51,21 @@ def job_hold(state: ClusterState, causes: list[str], now: float, settle_s: float
             waiting[jid] = f"{len(merged[jid].hosts)} host(s) still report it"
         elif kind == PROFILING and jid not in arriving:
             return None  # the queue moved on to a job that is whole: plan its window now
-        elif kind == PATHS and (failing or jid not in hosts):
-            return None  # a failure (failure_hold's), or not the held job's ports
-        elif kind not in (*ARRIVING, LEAVING, PROFILING, PATHS):
+        elif kind not in (*ARRIVING, LEAVING, PROFILING):
             return None
     return JobHold(start, start + settle_s, waiting) if waiting else None
 
 
-def _incomplete(state: ClusterState, m: MergedJob | None) -> str | None:
-    """What an arriving job still lacks that comes by itself: reports from its other hosts,
-    or probes toward its TCP ports along its ring (agents probe a new job's port at once;
-    a plan before then gives it no source ports, and the next changes every job near it)."""
-    if m is None:
+def _incomplete(m: MergedJob | None) -> str | None:
+    """What an arriving job still lacks that comes by itself: reports from its other hosts.
+    Not probes toward a TCP job's ports: agents learn which port to probe from the plan's
+    routes, so those come after the arrival's plan, and the plan after them moves the job
+    (and its neighbours) once more (docs/control-plane.md)."""
+    if m is None or len(m.hosts) >= m.nnodes:
         return None
-    if len(m.hosts) < m.nnodes:
-        return f"{len(m.hosts)} of {m.nnodes} hosts reported"
-    ring = [h for h, _ in m.hosts]
-    for src, dst in zip(ring, ring[1:] + ring[:1], strict=True):
-        ports = m.ports_at(dst)
-        rec = state.agents.get(src)
-        if not ports or rec is None or src == dst or not rec.inventory.sweeps:
-            continue
-        table = rec.paths.get(dst)
-        if table is None or not any(t.dport in ports for p in table.paths for t in p.tcp):
-            return f"port {ports[0]} at {dst} not probed from {src} yet"
-    return None
+    return f"{len(m.hosts)} of {m.nnodes} hosts reported"
 
 
 def _job_of(cause: str) -> str:
-    """"job grew: J on H" -> J, "path table changed: H" -> H (job and host ids hold no
-    spaces: validate.check_job_id, check_host_id)."""
+    """"job grew: J on H" -> J (a job id holds no spaces: validate.check_job_id)."""
     return cause.partition(":")[2].strip().split(" ", 1)[0]

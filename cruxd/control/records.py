@@ -8,8 +8,6 @@ from enum import IntEnum
 from cruxd.model.view import TcpPortSet
 from transport.roce import tos
 
-SWEEP_NAME, SWEEP_IDLE = "sweep (", "idle: the fabric routes"  # agent/sweeper.py's names
-
 
 class JobState(IntEnum):
     """Mirrors crux.v1.JobState (same numbers)."""
@@ -91,13 +89,6 @@ class HostInventory:
     @property
     def addresses(self) -> tuple[str, ...]:
         return tuple(n.address for n in self.nics)
-
-    @property
-    def sweeps(self) -> bool:
-        """The agent sweeps paths toward its jobs' peers (agent/sweeper.py's names: not
-        static tables, not idle on a fabric that routes itself)."""
-        return (self.probing_source.startswith(SWEEP_NAME)
-                and not self.probing_source.endswith(SWEEP_IDLE))
 
 
 @dataclass(frozen=True, slots=True)
