@@ -24,6 +24,7 @@ from cruxd.agent.local_api import AgentStatus, Refusal, Refused, StartInfo
 from cruxd.agent.local_rpc import LocalRpc
 from cruxd.agent.local_server import Limits, LocalServer, PeerCred, group_id
 from cruxd.agent.registry import Registry
+from cruxd.agent.report_change import why_report
 from cruxd.agent.source_choice import (
     MeasurementFactory,
     ProbingFactory,
@@ -84,7 +85,7 @@ class Agent:
                                lambda: self.table.header().plan_generation,
                                token_path=config.agent.leader_token,
                                fallback=a.leader_fallback, resolve=self.finder,
-                               dscp=config.control.dscp)
+                               dscp=config.control.dscp, why=self._why_report)
         # last: its handler sees the agent whole (local_api.LocalAgent)
         self.server = LocalServer(a.socket, group_id(a.socket_group), LocalRpc(self).handle,
                                   Limits(a.max_connections, a.max_connections_per_uid,
@@ -97,6 +98,7 @@ class Agent:
         self._report_at = 0.0  # monotonic time of the last report built, and its cost
         self._report_cost = 0.0
         self._poke_timer: asyncio.TimerHandle | None = None
+        self._reprobe: frozenset[str] = frozenset()  # peers the plan asks to probe again
 
     async def start(self) -> None:
         self._restore()
@@ -156,6 +158,11 @@ class Agent:
         return AgentReport(self.inventory(), tuple(self.local_jobs()), self.probing.paths(),
                            self.measurement.links(), self.table.header().plan_generation)
 
+    def _why_report(self, last: AgentReport | None, new: AgentReport,
+                    age_s: float) -> str | None:
+        a = self.config.agent
+        return why_report(last, new, age_s, a.refresh_s, a.report_change, self._reprobe)
+
     def apply_plan(self, hp: HostPlan) -> bool:
         """Apply one message of the plan stream; False when the table does not hold the
         generation a watermark builds on (the stream must start over for a full plan)."""
@@ -173,7 +180,7 @@ class Agent:
                             "the whole plan", hp.generation, hp.base_generation, held)
                 return False
             # no report now: 10,000 agents answering every plan's watermark at once cost
-            # the leader a core (bench/control_plane.py --shape real); the periodic one
+            # the leader a core (bench/control_plane.py --shape real); the next report
             # tells it the generation
             self.table.advance(hp.generation)
             LOG.debug("plan %d: nothing changed on this host", hp.generation)
@@ -184,9 +191,10 @@ class Agent:
             LOG.warning("job %s: first decision %.1f s after it registered, past "
                         "agent.start_wait_s (%g s): it started without one, and the "
                         "connections it made then are unsteered", jid, took, bound)
+        self._reprobe = frozenset(hp.reprobe)
         self.probing.plan_changed(hp)
         self.measurement.plan_changed(hp)
-        self.link.poke()  # tell the leader which generation the table holds
+        self.link.poke(owed=True)  # tell the leader which generation the table holds
         LOG.info("plan %d applied: %d job(s), %d table entr%s changed", hp.generation,
                  len(hp.jobs), changed, "y" if changed == 1 else "ies")
         return True

@@ -1,7 +1,11 @@
-"""The agent's link to the leader: periodic reports and the plan stream.
+"""The agent's link to the leader: reports on change, and the plan stream.
 
-Both loops reconnect with jittered exponential backoff; while the leader is
-away the decision table keeps the last plan (jobs keep running as planned).
+The report loop looks at the agent's state every `interval_s` (or when poked) and sends a
+Report only when `why` says something the leader plans on changed (agent/report_change.py),
+when a send is owed (a plan applied, a new plan stream: a new or restarted leader must hear
+the host), or after a failed one. The open plan stream is the host's liveness. Both loops
+reconnect with jittered exponential backoff; while the leader is away the decision table
+keeps the last plan (jobs keep running as planned).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from cruxd.waits import wait_event, within
 
 LOG = logging.getLogger(__name__)
 RPC_TIMEOUT_S = 5.0
+# (the last report the leader took, or None; the report now; seconds since the last one)
+# -> why to send it, or None (agent/report_change.py)
+WhyReport = Callable[[AgentReport | None, AgentReport, float], str | None]
 
 
 class Backoff:
@@ -52,7 +59,7 @@ class LeaderLink:
                  have_generation: Callable[[], int], token_path: Path | None = None,
                  fallback: tuple[str, ...] = (),
                  resolve: Callable[[], Awaitable[str | None]] | None = None,
-                 dscp: int | None = None) -> None:
+                 dscp: int | None = None, why: WhyReport | None = None) -> None:
         self.address = address
         self._dscp = dscp  # [control] dscp of the channel's packets
         # where to look when the leader fails: etcd's record of the active leader (HA),
@@ -79,6 +86,14 @@ class LeaderLink:
         self.last_error = "not connected yet"
         self.last_plan_mono: float | None = None
         self.rpc_errors = 0
+        # None: every look sends (the old periodic report; tests and tools)
+        self._why = why
+        self._sent: AgentReport | None = None  # the last report the leader took
+        self._sent_mono = 0.0
+        self._owed = True  # a report must go at the next look, whatever changed
+        self._stream_ended = False  # a plan stream ended: the next one may be a new leader
+        self.reports_sent = 0
+        self.last_reason = ""
 
     async def start(self) -> None:
         self._connect(self.address)
@@ -142,8 +157,10 @@ class LeaderLink:
     def _auth(self) -> tuple[tuple[str, str], ...]:
         return call_metadata(self._token_path)
 
-    def poke(self) -> None:
-        """Report now (a job arrived or left)."""
+    def poke(self, owed: bool = False) -> None:
+        """Look now whether a report is due (a job arrived, a sweep ended); `owed`: send
+        one whatever changed (a plan applied: the leader shows the generation held)."""
+        self._owed |= owed
         self._poke.set()
 
     def _failed(self, what: str, exc: grpc.aio.AioRpcError) -> None:
@@ -158,8 +175,14 @@ class LeaderLink:
         backoff = Backoff(self._backoff_max_s)
         while not self._stop.is_set():
             self._poke.clear()
-            self._seq += 1
             report = self._make_report()
+            why = ("owed" if self._owed or self._why is None else
+                   self._why(self._sent, report, time.monotonic() - self._sent_mono))
+            if why is None:
+                await wait_event(self._poke, self.interval_s)
+                continue
+            self._owed = True  # until the leader has taken it
+            self._seq += 1
             report = AgentReport(report.host, report.jobs, report.paths, report.links,
                                  report.applied_generation, self._seq)
             try:
@@ -169,6 +192,10 @@ class LeaderLink:
                     LOG.info("leader %s reachable", self.address)
                 self.reachable, self.last_error = True, ""
                 self._failures = 0
+                self._sent, self._sent_mono, self._owed = report, time.monotonic(), False
+                self.reports_sent += 1
+                self.last_reason = why
+                LOG.debug("report %d sent: %s", self._seq, why)
                 backoff.reset()
                 wait = self.interval_s
             except grpc.aio.AioRpcError as exc:
@@ -190,8 +217,13 @@ class LeaderLink:
             call = self._call = self._stub.WatchPlan(
                 lpb.WatchRequest(host_id=self.host_id, have_generation=have),
                 metadata=self._auth())
+            opened = False
             try:
                 async for msg in call:
+                    if not opened:
+                        opened = True
+                        if self._stream_ended:  # maybe a new or restarted leader: it
+                            self.poke(owed=True)  # must hear this host's whole state
                     backoff.reset()
                     self.last_plan_mono = time.monotonic()
                     try:
@@ -204,9 +236,13 @@ class LeaderLink:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() is not grpc.StatusCode.CANCELLED:  # cancelled: a new leader
                     self._failed("plan stream", exc)
+                    # reports are rare now: a report is how the agent finds where the
+                    # leader went (a standby's redirect, etcd, the fallback list)
+                    self.poke(owed=True)
             except asyncio.CancelledError:
                 if self._stop.is_set() or call is self._call:
                     raise  # the task is cancelled, not just the call
+            self._stream_ended = True
             if not resync:
                 await asyncio.sleep(backoff.next())
 

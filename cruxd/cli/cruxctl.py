@@ -81,8 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser(
         "status", help="the running system: leader, agents, jobs and the last plan",
         description="Ask the local agent (which asks the leader) or the leader directly for "
-                    "the cluster's state: agents and their report age, jobs with their state, "
-                    "I_j, k_j, level, DSCP, chosen paths and what the shims applied.",
+                    "the cluster's state: agents and whether they are connected, jobs with "
+                    "their state, I_j, k_j, level, DSCP, chosen paths and what the shims "
+                    "applied.",
         epilog="Exit status: 0 ok, 1 internal error, 2 bad input, 3 agent/leader unreachable.")
     live_cmd.add_target_args(st)
     st.add_argument("--local", action="store_true",

@@ -104,11 +104,13 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
         console.print(f"  re-plans: {', '.join(f'{k} {n}' for k, n in kinds) or 'none'}; "
                       f"{cluster.plans_unchanged} plan(s) changed no decision")
     agents = Table(title="agents", title_justify="left")
-    for col in ("host", "version", "report age", "GPUs", "addresses", "measurement",
+    for col in ("host", "version", "heard", "GPUs", "addresses", "measurement",
                 "probing", "applied plan"):
         agents.add_column(col)
     for a in cluster.agents:
-        age = _age(a.last_report_age_s) + (" [red]expired[/]" if a.expired else "")
+        # a connected agent reports only on change: its last report's age says nothing
+        age = ("[red]expired[/]" if a.expired else "connected" if a.connected
+               else f"{_age(a.last_report_age_s)} ago, no stream")
         agents.add_row(a.host_id, a.version, age, str(a.gpus), ", ".join(a.addresses) or "-",
                        a.measurement_source, a.probing_source, str(a.applied_generation))
     console.print(agents)

@@ -17,7 +17,8 @@ EMBEDDED = "<embedded default>"
 # Keys a SIGHUP applies to the running daemon; a change to any other key is
 # reported by restart_required and waits for a restart.
 LIVE_KEYS = frozenset({
-    "daemon.log_level", "agent.report_interval_s", "agent.accept_job_hints",
+    "daemon.log_level", "agent.report_interval_s", "agent.refresh_s", "agent.report_change",
+    "agent.accept_job_hints",
     "agent.start_wait_s",
     "leader.levels", "leader.dscp", "leader.debounce_ms", "leader.profiling_s",
     "leader.change_threshold", "leader.change_hold_s", "leader.failure_settle_s",
@@ -31,7 +32,7 @@ class AgentConfig:
     socket: Path
     socket_group: str | None  # None: the daemon's own group only
     leader: str  # host:port
-    report_interval_s: float
+    report_interval_s: float  # how often it looks whether a report is due (not a cadence)
     decision_table: Path
     table_capacity: int
     accept_job_hints: bool
@@ -48,6 +49,8 @@ class AgentConfig:
     max_connections_per_uid: int = 64
     request_timeout_s: float = 5.0  # for a whole request frame, and for sending its reply
     max_jobs: int = 256  # jobs registered here; matches leader.max_jobs_per_host's default
+    refresh_s: float = 300.0  # a report at least this often, changed or not
+    report_change: float = 0.05  # a measurement figure moving this much (relative) reports
     leader_fallback: tuple[str, ...] = ()  # other leaders to try, in turn, when it fails
     start_wait_s: float = 2.0  # crux-run's bound on waiting for a job's first decision
 

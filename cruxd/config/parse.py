@@ -233,6 +233,8 @@ def _agent(a: Section, runtime_dir: Path, state_dir: Path) -> AgentConfig:
         max_jobs=a.integer("max_jobs", 256, Range(1, 4096)),
         leader=a.hostport("leader", "127.0.0.1:7470", min_port=1),
         report_interval_s=a.number("report_interval_s", 5.0, Range(0.05, 3600, lo_open=True)),
+        refresh_s=a.number("refresh_s", 300.0, Range(1, 86400)),
+        report_change=a.number("report_change", 0.05, Range(0, 1, lo_open=True)),
         decision_table=a.path("decision_table") or runtime_dir / "decisions",
         table_capacity=a.integer("table_capacity", 4096, Range(16, 1 << 20)),
         accept_job_hints=a.boolean("accept_job_hints", True),

@@ -30,6 +30,8 @@ class AgentRecord:
     jobs: dict[str, LocalJob]
     paths: dict[str, PathTable]  # by destination host
     links: tuple[LinkObservation, ...] = ()
+    # when the leader last heard from the agent: its last report, or the end of its last
+    # plan stream (a host with a stream open is alive: agents report only on change)
     last_report: float = 0.0
     applied_generation: int = 0
     expired: bool = False
@@ -85,6 +87,9 @@ class ClusterState:
     # (host, peer): when that host's table toward that peer last lost hops: its sweep saw
     # the fabric after whatever failed (the leader's failure hold counts it as probed)
     lost_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    # hosts with a plan stream open, and how many (gRPC keepalive pings find a dead one):
+    # they do not expire, however long since their last report
+    streams: dict[str, int] = field(default_factory=dict)
     # hosts dropped so far: state kept elsewhere per host (hint samples) is purged when
     # this moves, so hosts that come and go leave nothing behind
     hosts_removed: int = 0
@@ -175,10 +180,26 @@ class ClusterState:
                 causes.append(f"job ended: {jid}")
         return causes
 
+    def stream_opened(self, host: str) -> None:
+        self.streams[host] = self.streams.get(host, 0) + 1
+
+    def stream_closed(self, host: str, now: float) -> None:
+        """The grace (agent_timeout_s) before the host expires starts now."""
+        n = self.streams.get(host, 0) - 1
+        if n > 0:
+            self.streams[host] = n
+        else:
+            self.streams.pop(host, None)
+        rec = self.agents.get(host)
+        if rec is not None and not rec.expired:
+            rec.last_report = max(rec.last_report, now)
+
     def expire(self, now: float) -> list[str]:
         causes = []
         for host, rec in list(self.agents.items()):
             age = now - rec.last_report
+            if host in self.streams and not rec.expired:
+                continue
             if not rec.expired and age > self.agent_timeout_s:
                 rec.expired = True
                 rec.jobs = {}
@@ -187,6 +208,7 @@ class ClusterState:
                 del self.agents[host]
                 self.hosts_removed += 1
         causes += self._settle_jobs(now)
+        causes += self._held_changes(now)
         for jid, job in list(self.jobs.items()):
             if (job.expired_at is not None
                     and now - job.expired_at > KEEP_EXPIRED_TIMEOUTS * self.agent_timeout_s):
@@ -241,10 +263,12 @@ class ClusterState:
         expired long enough ago included, or a cluster that went quiet would keep it."""
         keep = KEEP_EXPIRED_TIMEOUTS * self.agent_timeout_s
         times = [r.last_report + (keep if r.expired else self.agent_timeout_s)
-                 for r in self.agents.values()]
+                 for h, r in self.agents.items() if r.expired or h not in self.streams]
         times += [j.expired_at + keep for j in self.jobs.values() if j.expired_at is not None]
         times += [j.profiling_until for j in self.jobs.values()
                   if j.profile == "profiling" and j.expired_at is None]
+        times += [since + self.change_hold_s for r in self.agents.values() if not r.expired
+                  for since in r.pending.values()]
         return min(times) if times else None
 
     # --- views -------------------------------------------------------------
@@ -294,6 +318,24 @@ class ClusterState:
             if x and abs(y - x) > self.change_threshold * abs(x):
                 return True
         return False
+
+    def _held_changes(self, now: float) -> list[str]:
+        """Measurement changes that have held for change_hold_s. Agents report only on
+        change (agent/report_change.py), so a change that holds brings no more reports:
+        no report saying otherwise within the hold is what holding means."""
+        causes = []
+        for host, rec in self.agents.items():
+            if rec.expired or not rec.pending or self.profiling_under_way:
+                continue
+            for jid, since in list(rec.pending.items()):
+                job = rec.jobs.get(jid)
+                if job is None:
+                    del rec.pending[jid]
+                elif now - since >= self.change_hold_s:
+                    del rec.pending[jid]
+                    rec.baseline[jid] = job.measurement
+                    causes.append(f"measurement changed: {jid} on {host}")
+        return causes
 
     def _settle_jobs(self, now: float) -> list[str]:
         """Jobs no live agent reports expire; reported ones come back to life."""

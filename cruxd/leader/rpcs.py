@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from cruxd.model.topology import Topology
 
 LOG = logging.getLogger("cruxd.leader.service")  # the service's log, as before the split
+# An agent holds one plan stream (two while it replaces one); more are refused, so one
+# host's credentials cannot pin the leader's memory with streams
+MAX_STREAMS_PER_HOST = 4
 
 
 class LeaderRpcs(lgrpc.LeaderServicer):
@@ -115,6 +118,11 @@ class LeaderRpcs(lgrpc.LeaderServicer):
             await self._reject(context, "WatchPlan", exc)
             return
         have = request.have_generation
+        state = self.state  # HA: a new term starts a new state; this stream counts in this
+        if state.streams.get(host, 0) >= MAX_STREAMS_PER_HOST:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{host} already has {MAX_STREAMS_PER_HOST} plan streams open")
+        state.stream_opened(host)
         self.watchers += 1
         try:
             while True:
@@ -128,6 +136,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
                     return  # shutting down, or stepped down: agents look for the leader
         finally:
             self.watchers -= 1
+            state.stream_closed(host, self.clock())
 
     async def Status(self, request: lpb.StatusRequest,
                      context: grpc.aio.ServicerContext[Any, Any]) -> cpb.ClusterStatus:

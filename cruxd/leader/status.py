@@ -29,7 +29,7 @@ def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
             host_id=host, version=inv.agent_version, last_report_age_s=now - rec.last_report,
             addresses=inv.addresses, gpus=inv.gpus, measurement_source=inv.measurement_source,
             probing_source=inv.probing_source, applied_generation=rec.applied_generation,
-            expired=rec.expired,
+            expired=rec.expired, connected=host in st.streams,
             peers=[convert.peer_paths_to_pb(t) for _, t in sorted(rec.paths.items())],
             links=[convert.link_to_pb(lk) for lk in rec.links]))
     plan = leader.plan

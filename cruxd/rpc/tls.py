@@ -14,9 +14,12 @@ import grpc
 from cruxd.config.model import CONTROL_DSCP, TlsConfig
 from cruxd.errors import CruxError, UsageError
 
+# Agents report only on change: an open plan stream is how the leader knows a host is
+# alive, and how an agent finds a hung leader. Both ends ping (HTTP/2 PING, in gRPC's C
+# core: no Python runs), so a dead peer is found within 15 s either way.
 KEEPALIVE = [
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
@@ -91,7 +94,9 @@ KEEPALIVE_SERVER = [
     # default queue of 1,000 pending calls and be cancelled (bench/control_plane.py)
     ("grpc.server.max_pending_requests", 20_000),
     ("grpc.server.max_pending_requests_hard_limit", 40_000),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
