@@ -61,13 +61,14 @@ def _mix(specs: list[JobSpec]) -> str:
 
 
 def print_report(args: argparse.Namespace, specs: list[JobSpec], *, arrivals: list[JobSpec],
-                 s: dict[str, Any], ing: dict[str, Any], lat: list[dict[str, Any]],
+                 s: dict[str, Any], idle: dict[str, Any], ing: dict[str, Any],
+                 lat: list[dict[str, Any]],
                  alone: float, lat_errors: str, plans: list[int],
                  mem_loaded: dict[str, float], mem_end: dict[str, float],
                  agent: list[dict[str, Any]], flood_s: float, window_s: float, gap_s: float,
                  errors_logged: str) -> None:
-    """Tables (a) to (e). s: the steady state; ing: ingestion; lat: the arrivals timed;
-    alone: planning on its own; plans: (full, unchanged) HostPlans during the arrivals;
+    """Tables (a) to (e). s: the steady state; idle: the steady state, quiet; ing:
+    ingestion; lat: the arrivals timed; alone: planning on its own; plans: (full, unchanged) HostPlans during the arrivals;
     agent: the real agent's windows."""
     real = args.shape == "real"
     tg = TARGETS[args.shape]
@@ -100,6 +101,11 @@ def print_report(args: argparse.Namespace, specs: list[JobSpec], *, arrivals: li
         ["last plan's planning latency", f"{1e3 * s['plan_latency_s']:.0f} ms"],
         ["leader CPU during start-up", f"{s['leader_cpu']['pct']:.0f} % of a core"],
         ["agents' failed RPCs during start-up", s["errors"]],
+        [f"(a2) idle {window_s:g} s: leader CPU / RSS",
+         f"{idle['leader']['pct']:.1f} % of a core / {idle['mem']['VmRSS']:.0f} MB"],
+        ["  simulated agents' workers' CPU (the box has "
+         f"{os.cpu_count()} cores)", f"{idle['worker_pct']:.1f} % of a core"],
+        ["  plans / failed RPCs meanwhile", f"{idle['plans']} / {idle['errors']}"],
     ]
     print(table(["quantity", "value"], rows))
     if real:

@@ -2,10 +2,13 @@
 bench/_workload.py).
 
 A simulated agent is what a real `cruxd` agent looks like to the leader: one WatchPlan
-stream (opened with the generation it holds), a Report at start, one every
-`report_interval_s` (jittered), and one right after every full plan it receives (the
-real agent pokes its report loop when it applies a plan, to tell the leader which
-generation its table holds; a watermark waits for the next periodic report). By default
+stream (opened with the generation it holds; its liveness), a Report at start, one right
+after every full plan it receives (the real agent reports when it applies a plan, to tell
+the leader which generation its table holds; a watermark waits for the next report), one
+when a job of its host arrives, one (jittered by the real agent's REPORT_JITTER_S) when
+its plan stream comes back after a failure, and otherwise one every `interval_s` (the real
+agent's refresh_s; the first one jittered). Agents report only on change
+(cruxd/agent/report_change.py): nothing else sends. By default
 each agent has its own gRPC channel and TCP connection (a local subchannel pool), as
 separate hosts would; `per_channel` > 1 multiplexes that many agents on one channel (one
 TCP connection; still one WatchPlan stream and one Report call at a time per agent), for
@@ -66,6 +69,7 @@ class FakeAgent:
     codes: dict[str, int] = field(default_factory=dict)  # failed RPCs by status code
     acked: asyncio.Event = field(default_factory=asyncio.Event)
     acked_since: float = 0.0  # start time of the latest Report acked
+    stream_ended: bool = False  # a plan stream ended: the next one may be a new leader
 
     def fail(self, what: str) -> None:
         self.errors += 1
@@ -83,9 +87,12 @@ class FakeAgent:
     async def report(self) -> bool:
         import grpc
 
+        from cruxd.agent.uplink import REPORT_TIMEOUT_S
+
         start = time.monotonic()
         try:
-            await self.stub.Report(self.report_pb(), timeout=30.0, metadata=self.metadata)
+            await self.stub.Report(self.report_pb(), timeout=REPORT_TIMEOUT_S,
+                                   metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             self.fail(f"Report {exc.code().name}")
             return False
@@ -149,20 +156,27 @@ class Worker:
     async def _watch(self, a: FakeAgent) -> None:
         import grpc
 
+        from cruxd.agent.uplink import REPORT_JITTER_S, Backoff
         from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 
         while True:
             call = a.stub.WatchPlan(lpb.WatchRequest(host_id=host_id(a.index),
                                                      have_generation=a.generation),
                                     metadata=a.metadata)
+            opened = False
             try:
                 async for msg in call:
+                    if not opened and a.stream_ended:  # a new or restarted leader
+                        asyncio.get_running_loop().call_later(
+                            random.uniform(0, REPORT_JITTER_S), a.poke.set)
+                    opened = True
                     on_plan(a, msg, time.monotonic())
                     if self.poke_on_plan and not msg.unchanged:
                         a.poke.set()
             except grpc.aio.AioRpcError as exc:
                 a.fail(f"WatchPlan {exc.code().name}")
-            await asyncio.sleep(0.5)
+            a.stream_ended = True
+            await asyncio.sleep(Backoff(30.0).next())
 
     async def _report_loop(self, a: FakeAgent) -> None:
         from cruxd.agent.uplink import Backoff

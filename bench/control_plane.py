@@ -16,8 +16,9 @@ Protocol
   * Agents: N simulated agents (bench/_fake_agents.py) in W worker processes
     (multiprocessing, spawn), each on its own gRPC channel and TCP connection
     (real: --agents-per-channel K shares one channel, so one connection, among K
-    agents): one WatchPlan stream, a Report at start, every --report-interval s and
-    right after each plan received (as a real agent does). An agent holds a plan's
+    agents): one WatchPlan stream (their liveness), a Report at start, right after each
+    full plan received, when a plan stream comes back, and every --report-interval s
+    (agent.refresh_s, 300): reports on change, as a real agent sends them. An agent holds a plan's
     generation on a full HostPlan or on an `unchanged` one (the leader's delta
     fan-out); a job is planned on a host only from a full plan that holds it.
     Stress workload: J jobs spanning 1, 2, 4 or 8 consecutive hosts (55/20/15/10 %);
@@ -28,6 +29,10 @@ Protocol
     full, hosts for the arrivals kept free (bench/_cluster_shapes.py).
   (a) Steady state: from the agents' first Reports until the leader's status shows
       every job scheduled and every agent holds that plan's generation.
+  (a2) Idle: the steady state for the agent window's length (below), nothing happening:
+      leader CPU (% of a core), the simulated agents' worker processes' CPU (% of a core,
+      summed: how much of the box they take), leader RSS, plans and failed RPCs meanwhile.
+      Target (real): leader <= 20 % of a core, RSS <= 1.5 GB.
   (b) Ingestion: every agent calls Report back to back (one in flight per agent)
       for 5 s (--quick 3 s); reports/s = ACKs / time until the last answer; leader
       CPU from /proc/PID/stat (utime+stime, all threads) over the same window.
@@ -115,6 +120,19 @@ def phase_steady(b: Bench, specs: list[JobSpec], nics: int, timeout_s: float
             "leader_cpu": lcpu, "plan_jobs": len(st.jobs),
             "plan_latency_s": st.plan_latency_s, "agents": len(st.agents), "flows": flows,
             "mem": mem_mb(b.leader.pid), "errors": b.errors_since({})}
+
+
+def phase_idle(b: Bench, seconds: float) -> dict[str, Any]:
+    """Steady state, nothing happening: what the leader and the simulated agents cost."""
+    assert b.leader is not None
+    errs0, gen0 = b.errors(), b.status().plan_generation
+    w0, t0 = b.worker_cpu_s(), time.monotonic()
+    with cpu_window([b.leader.pid]) as lcpu:
+        time.sleep(seconds)
+    wall = time.monotonic() - t0
+    return {"leader": lcpu, "worker_pct": 100 * (b.worker_cpu_s() - w0) / wall,
+            "mem": mem_mb(b.leader.pid), "errors": b.errors_since(errs0),
+            "plans": b.status().plan_generation - gen0}
 
 
 def phase_ingest(b: Bench, seconds: float) -> dict[str, Any]:
@@ -299,9 +317,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="job arrivals timed (default 12, --quick 5); fewer (not below 8, "
                          "--quick 4) when they take over 170 s (real 400 s; --quick 45 s, "
                          "real 120 s)")
-    ap.add_argument("--report-interval", type=float, default=5.0, metavar="S",
-                    help="seconds between a simulated agent's periodic reports (default 5, "
-                         "agent.report_interval_s's default)")
+    ap.add_argument("--report-interval", type=float, default=300.0, metavar="S",
+                    help="a simulated agent's report at least this often (default 300, "
+                         "agent.refresh_s's default); otherwise it reports, as the real agent "
+                         "does, only at start, after a full plan, on a job arrival and when "
+                         "its plan stream comes back")
     ap.add_argument("--agents-per-channel", type=int, default=1, metavar="K",
                     help="real shape: simulated agents sharing one gRPC channel (one TCP "
                          "connection); default 1, a connection per agent")
@@ -360,6 +380,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         print(f"    ... steady after {s['steady_s']:.1f} s (generation {s['generation']})",
               file=sys.stderr, flush=True)
+        idle = phase_idle(b, window_s)
+        print(f"    ... idle: leader {idle['leader']['pct']:.1f} % of a core, agents' "
+              f"workers {idle['worker_pct']:.1f} %", file=sys.stderr, flush=True)
         ing = phase_ingest(b, flood_s)
         print(f"    ... ingestion {ing['rate']:.0f} reports/s", file=sys.stderr, flush=True)
         b.wait_steady(steady_timeout_s)
@@ -382,7 +405,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("    ... make_plan() alone on the same inputs", file=sys.stderr, flush=True)
     alone = plan_alone(args, specs)
 
-    print_report(args, specs, arrivals=[sp for _, sp in arrivals], s=s, ing=ing, lat=lat,
+    print_report(args, specs, arrivals=[sp for _, sp in arrivals], s=s, idle=idle, ing=ing,
+                 lat=lat,
                  alone=alone, lat_errors=lat_errors, plans=plans, mem_loaded=mem_loaded,
                  mem_end=mem_end, agent=agent, flood_s=flood_s, window_s=window_s,
                  gap_s=gap_s, errors_logged=errors_logged)

@@ -31,7 +31,15 @@ from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
 from cruxd.waits import wait_event, within
 
 LOG = logging.getLogger(__name__)
-RPC_TIMEOUT_S = 5.0
+RPC_TIMEOUT_S = 5.0  # Status, GetPlan: a person waits
+# A Report may queue behind 10,000 others when every agent reports at once (a failover, a
+# cluster-wide start): the leader answers about 1,500 a second, and a deadline it cannot
+# meet turns the queue into a retry storm. Liveness does not hang on it (the plan stream
+# does), so it can wait.
+REPORT_TIMEOUT_S = 15.0
+# Reports owed because a plan stream ended or a new one opened go this much apart, at
+# random: every agent sees a leader fail at the same instant
+REPORT_JITTER_S = 1.0
 # (the last report the leader took, or None; the report now; seconds since the last one)
 # -> why to send it, or None (agent/report_change.py)
 WhyReport = Callable[[AgentReport | None, AgentReport, float], str | None]
@@ -163,6 +171,10 @@ class LeaderLink:
         self._owed |= owed
         self._poke.set()
 
+    def _poke_later(self) -> None:
+        asyncio.get_running_loop().call_later(random.uniform(0, REPORT_JITTER_S),
+                                              self.poke, True)
+
     def _failed(self, what: str, exc: grpc.aio.AioRpcError) -> None:
         self.rpc_errors += 1
         msg = f"{what}: {exc.code().name}: {exc.details()}"
@@ -186,8 +198,8 @@ class LeaderLink:
             report = AgentReport(report.host, report.jobs, report.paths, report.links,
                                  report.applied_generation, self._seq)
             try:
-                await self._stub.Report(convert.report_to_pb(report), timeout=RPC_TIMEOUT_S,
-                                        metadata=self._auth())
+                await self._stub.Report(convert.report_to_pb(report),
+                                        timeout=REPORT_TIMEOUT_S, metadata=self._auth())
                 if not self.reachable:
                     LOG.info("leader %s reachable", self.address)
                 self.reachable, self.last_error = True, ""
@@ -223,7 +235,7 @@ class LeaderLink:
                     if not opened:
                         opened = True
                         if self._stream_ended:  # maybe a new or restarted leader: it
-                            self.poke(owed=True)  # must hear this host's whole state
+                            self._poke_later()  # must hear this host's whole state
                     backoff.reset()
                     self.last_plan_mono = time.monotonic()
                     try:
@@ -238,7 +250,7 @@ class LeaderLink:
                     self._failed("plan stream", exc)
                     # reports are rare now: a report is how the agent finds where the
                     # leader went (a standby's redirect, etcd, the fallback list)
-                    self.poke(owed=True)
+                    self._poke_later()
             except asyncio.CancelledError:
                 if self._stop.is_set() or call is self._call:
                     raise  # the task is cancelled, not just the call
