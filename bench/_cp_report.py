@@ -68,8 +68,8 @@ def print_report(args: argparse.Namespace, specs: list[JobSpec], *, arrivals: li
                  agent: list[dict[str, Any]], flood_s: float, window_s: float, gap_s: float,
                  errors_logged: str) -> None:
     """Tables (a) to (e). s: the steady state; idle: the steady state, quiet; ing:
-    ingestion; lat: the arrivals timed; alone: planning on its own; plans: (full, unchanged) HostPlans during the arrivals;
-    agent: the real agent's windows."""
+    ingestion; lat: the arrivals timed; alone: planning on its own; plans: (full,
+    unchanged) HostPlans during the arrivals; agent: the real agent's windows."""
     real = args.shape == "real"
     tg = TARGETS[args.shape]
     parts = sum(len(sp.hosts) for sp in specs)
