@@ -128,7 +128,7 @@ def print_report(args: argparse.Namespace, specs: list[JobSpec], *, arrivals: li
           "thread. Elapsed runs until the last Report in flight is answered.")
     print(f"    steady-state load for comparison: {args.agents} agents / "
           f"{args.report_interval:g} s = {args.agents / args.report_interval:.0f} reports/s, "
-          f"plus {args.agents} after every plan.")
+          "plus one per host that a change concerns (agents report only on change).")
     print()
     what = ("jobs of the trace's mix on free hosts" if real else "1/2/4/8 hosts in turn")
     print(f"(c) Job arrival -> plan delivered: {len(lat)} arrivals ({what}) on {args.agents} "
@@ -188,8 +188,9 @@ def print_report(args: argparse.Namespace, specs: list[JobSpec], *, arrivals: li
         for r in agent]))
     print(f"    CPU: utime+stime of /proc/PID/stat (resolution 1/{TICK} s: "
           f"{100 / TICK / window_s:.2f} % over the window) and,")
-    print("    finer, the sum of /proc/PID/task/*/schedstat. The agent reports every 5 s")
-    print("    (agent.report_interval_s default); its job: crux-run ... -- sleep 600.")
+    print("    finer, the sum of /proc/PID/task/*/schedstat. The agent looks every 5 s")
+    print("    (agent.report_interval_s) and reports on change; its job: crux-run ... --")
+    print("    sleep 600.")
     print("    Measured from 2 s after its latest plan arrived.")
     if errors_logged.strip():
         print(f"    leader log (last lines): {errors_logged}")

@@ -2,13 +2,12 @@
 bench/_workload.py).
 
 A simulated agent is what a real `cruxd` agent looks like to the leader: one WatchPlan
-stream (opened with the generation it holds; its liveness), a Report at start, one right
-after every full plan it receives (the real agent reports when it applies a plan, to tell
-the leader which generation its table holds; a watermark waits for the next report), one
-when a job of its host arrives, one (jittered by the real agent's REPORT_JITTER_S) when
-its plan stream comes back after a failure, and otherwise one every `interval_s` (the real
-agent's refresh_s; the first one jittered). Agents report only on change
-(cruxd/agent/report_change.py): nothing else sends. By default
+stream (opened with the generation it holds; its liveness), a Report at start, one when a
+job of its host arrives, one (jittered by the real agent's REPORT_JITTER_S) when its plan
+stream comes back after a failure, and otherwise one every `interval_s` (the real agent's
+refresh_s; the first one jittered): agents report only on change
+(cruxd/agent/report_change.py). With `poke_on_plan`, also one right after every full plan,
+as agents did before the leader took the generation a host holds from its stream. By default
 each agent has its own gRPC channel and TCP connection (a local subchannel pool), as
 separate hosts would; `per_channel` > 1 multiplexes that many agents on one channel (one
 TCP connection; still one WatchPlan stream and one Report call at a time per agent), for
@@ -70,6 +69,7 @@ class FakeAgent:
     acked: asyncio.Event = field(default_factory=asyncio.Event)
     acked_since: float = 0.0  # start time of the latest Report acked
     stream_ended: bool = False  # a plan stream ended: the next one may be a new leader
+    full_at: float = 0.0  # when the latest full plan that owes a report arrived
 
     def fail(self, what: str) -> None:
         self.errors += 1
@@ -172,6 +172,7 @@ class Worker:
                     opened = True
                     on_plan(a, msg, time.monotonic())
                     if self.poke_on_plan and not msg.unchanged:
+                        a.full_at = time.monotonic()
                         a.poke.set()
             except grpc.aio.AioRpcError as exc:
                 a.fail(f"WatchPlan {exc.code().name}")
@@ -237,9 +238,10 @@ class Worker:
         return [min(t for g, t in a.gen_time.items() if g >= gen) for a in self.agents]
 
     async def wait_quiet(self, timeout: float) -> bool:
-        """Every agent has had a Report acked that it sent after its latest plan."""
+        """Every agent has had a Report acked that it sent after its latest full plan (a
+        watermark sends none)."""
         end = time.monotonic() + timeout
-        while not all(a.acked_since >= a.gen_time.get(a.generation, 0.0) for a in self.agents):
+        while not all(a.acked_since >= a.full_at for a in self.agents):
             if time.monotonic() > end:
                 return False
             await asyncio.sleep(POLL_S)

@@ -121,7 +121,7 @@ class Bench:
         a = self.args
         ranges = [list(r) for r in np.array_split(np.arange(a.agents), a.workers)]
         ranges = [[int(h) for h in r] for r in ranges]
-        self.spawn_workers([(hosts, a.agents, a.jobs, a.seed, a.report_interval, True,
+        self.spawn_workers([(hosts, a.agents, a.jobs, a.seed, a.report_interval, False,
                              self.token) for hosts in ranges])
         return ranges
 

@@ -29,6 +29,6 @@ class RealBench(Bench):
                              per_channel: int) -> None:
         a = self.args
         self.spawn_workers([
-            (hosts, a.agents, len(specs), a.seed, a.report_interval, True, self.token,
+            (hosts, a.agents, len(specs), a.seed, a.report_interval, False, self.token,
              [s for s in specs if set(hosts).intersection(s.hosts)],
              (REAL_NICS, REAL_NIC_GBPS), per_channel) for hosts in ranges])

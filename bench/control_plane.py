@@ -42,8 +42,8 @@ Protocol
       once they have taken 170 s (real: 400 s); stress: cycling over 1, 2, 4, 8
       consecutive hosts of one worker; real: jobs of the trace's mix on free hosts
       of one worker; all of a job's hosts report it at once).
-      Each is isolated: it starts once every agent's Report sent after the
-      previous plan was acked, plus 0.5 s. t0 = time.monotonic() just before the
+      Each is isolated: it starts once every agent's Report owed after its last full
+      plan was acked, plus 0.5 s. t0 = time.monotonic() just before the
       first of the job's Report calls; "job's hosts" = the last of its hosts to
       receive a HostPlan where the job is planned; "all agents" = the last of the
       N agents to receive that generation (CLOCK_MONOTONIC is system-wide on

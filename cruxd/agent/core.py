@@ -194,7 +194,7 @@ class Agent:
         self._reprobe = frozenset(hp.reprobe)
         self.probing.plan_changed(hp)
         self.measurement.plan_changed(hp)
-        self.link.poke(owed=True)  # tell the leader which generation the table holds
+        self.link.poke()  # the leader learns the generation from the stream (delivered)
         LOG.info("plan %d applied: %d job(s), %d table entr%s changed", hp.generation,
                  len(hp.jobs), changed, "y" if changed == 1 else "ies")
         return True

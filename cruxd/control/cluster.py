@@ -168,8 +168,11 @@ class ClusterState:
                 elif not _same_shape(before[jid], job):
                     causes.append(f"measurement changed: {jid} on {host}")
             baseline[jid] = job.measurement
+        # the stream's word (delivered) is newer than an agent's rare report
+        applied = max(report.applied_generation, live_before.applied_generation
+                      if live_before is not None else 0)
         self.agents[host] = AgentRecord(report.host, new_jobs, paths, report.links, now,
-                                        report.applied_generation, baseline=baseline,
+                                        applied, baseline=baseline,
                                         pending=pending)
         # only jobs that left this host can have ended: no scan of every job per report
         for jid in sorted(before.keys() - new_jobs.keys()):
@@ -182,6 +185,15 @@ class ClusterState:
 
     def stream_opened(self, host: str) -> None:
         self.streams[host] = self.streams.get(host, 0) + 1
+
+    def delivered(self, host: str, generation: int) -> None:
+        """The host's plan stream took this generation. The agent applies what its stream
+        brings (one that cannot asks for the whole plan again, on a new stream), so that
+        is what status shows it holds: 10,000 agents reporting after every plan, only to
+        say so, were half the leader's load at start-up."""
+        rec = self.agents.get(host)
+        if rec is not None and generation > rec.applied_generation:
+            rec.applied_generation = generation
 
     def stream_closed(self, host: str, now: float) -> None:
         """The grace (agent_timeout_s) before the host expires starts now."""

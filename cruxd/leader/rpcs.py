@@ -131,6 +131,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
                 if wire is not None and wire.plan.generation != have:
                     yield wire.message(host, have)
                     have = wire.plan.generation
+                    state.delivered(host, have)
                 await published.wait()
                 if self._task is None or self._task.done():
                     return  # shutting down, or stepped down: agents look for the leader

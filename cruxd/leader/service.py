@@ -44,6 +44,7 @@ from cruxd.waits import cancelled, wait_event
 LOG = logging.getLogger(__name__)
 PERSIST_DELAY_S = 0.1
 SETTLE_MAX_S = 10.0  # HA: how long a new leader waits for the agents before re-planning
+PLAN_SPACING = 1.0  # after a plan that took T, the next starts T * this later at the soonest
 
 
 class Leader(LeaderRpcs):
@@ -88,6 +89,7 @@ class Leader(LeaderRpcs):
         self._settle_until = 0.0
         self._retrying = False  # HA: plans are failing to be recorded (not_publishing)
         self._planning = False  # a plan is being made (the persister waits)
+        self._plan_free_at = 0.0  # monotonic: the next plan starts no sooner (_spaced)
         self.saver: Callable[[dict[str, object]], Awaitable[None]] | None = None
         self._fanout: FanOut | None = None
         # what the last plan computed, reused where an event cannot change it; used from
@@ -218,11 +220,17 @@ class Leader(LeaderRpcs):
                            or await self._awaiting_reprobe(causes, now)):
                 continue
             if causes or (self.plan is None and self.state.agents):
+                await self._spaced()
+                causes += self._causes  # what came while it waited
+                self._causes = []
                 self._planning = True
+                started = time.monotonic()
                 try:
                     await self._replan(causes or ["first plan"])
                 finally:
                     self._planning = False
+                    self._plan_free_at = time.monotonic() + PLAN_SPACING * (
+                        time.monotonic() - started)
 
     def _awaiting_job(self, causes: list[str], now: float) -> bool:
         """Hold a multi-host job's arrival or departure until all its hosts have reported
@@ -235,6 +243,15 @@ class Leader(LeaderRpcs):
         asyncio.get_running_loop().call_later(max(0.05, min(0.5, hold.until - now)),
                                               self._wake.set)
         return True
+
+    async def _spaced(self) -> None:
+        """Wait out the gap the last plan left. Planning holds the GIL (a plan of 10,000
+        hosts takes seconds), and plans back to back, as agents join at start-up, starved
+        the loop that answers their Reports into a storm of DEADLINE_EXCEEDED: a plan
+        is followed by as much time again for the loop before the next one starts."""
+        wait = self._plan_free_at - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     async def _awaiting_reprobe(self, causes: list[str], now: float) -> bool:
         """After a failure, hold the re-plan until the agents whose paths crossed the lost
