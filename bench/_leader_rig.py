@@ -12,6 +12,7 @@ import json
 import math
 import multiprocessing as mp
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -201,16 +202,30 @@ class Bench:
         """The leader's plan has every job it knows planned (none waiting for a plan or for
         its other hosts) and every agent holds that plan's generation. Returns the status."""
         end = time.monotonic() + timeout
+        why, said = "", time.monotonic()
         while time.monotonic() < end:
             gens = self.generations()
+            pause = 0.5
             if gens and min(gens) == max(gens) > 0:
+                t0 = time.monotonic()
                 st = self.status()
+                # a status of 10,000 agents costs the leader most of a second: polling it
+                # every 0.5 s would be the leader's main load
+                pause = max(pause, 4 * (time.monotonic() - t0))
+                waiting = [j.job_id for j in st.jobs if j.state not in SCHEDULED]
                 if (st.plan_generation == gens[0] and len(st.agents) >= self.args.agents
-                        and all(j.state in SCHEDULED for j in st.jobs)):
+                        and not waiting):
                     return st
-            time.sleep(0.5)
-        raise RuntimeError(f"no steady state in {timeout:g} s (generations "
-                           f"{min(self.generations())}..{max(self.generations())})")
+                why = (f"plan {st.plan_generation}, agents hold {gens[0]}; "
+                       f"{len(st.agents)} agents; {len(waiting)} jobs not scheduled "
+                       f"{waiting[:3]}")
+            else:
+                why = f"agents hold generations {min(gens)}..{max(gens)}" if gens else ""
+            if time.monotonic() - said > 30:
+                print(f"    ... not steady yet: {why}", file=sys.stderr, flush=True)
+                said = time.monotonic()
+            time.sleep(pause)
+        raise RuntimeError(f"no steady state in {timeout:g} s ({why})")
 
     def wait_agent(self, agent: subprocess.Popen[bytes], sock: Path, want_jobs: int,
                    before: int) -> int:

@@ -67,9 +67,11 @@ class LeaderLink:
                  have_generation: Callable[[], int], token_path: Path | None = None,
                  fallback: tuple[str, ...] = (),
                  resolve: Callable[[], Awaitable[str | None]] | None = None,
-                 dscp: int | None = None, why: WhyReport | None = None) -> None:
+                 dscp: int | None = None, why: WhyReport | None = None,
+                 keepalive_s: float = 10.0) -> None:
         self.address = address
         self._dscp = dscp  # [control] dscp of the channel's packets
+        self._keepalive_s = keepalive_s  # [control] keepalive_s
         # where to look when the leader fails: etcd's record of the active leader (HA),
         # a standby's redirect, else the configured addresses in turn
         self._candidates = (address, *(a for a in fallback if a != address))
@@ -125,7 +127,7 @@ class LeaderLink:
     def _connect(self, address: str) -> None:
         old = self._channel
         self.address = address
-        self._channel = tls.channel(address, self._tls, self._dscp)
+        self._channel = tls.channel(address, self._tls, self._dscp, self._keepalive_s)
         self._stub = lgrpc.LeaderStub(self._channel)  # type: ignore[no-untyped-call]
         if self._call is not None:
             self._call.cancel()  # the plan stream starts over on the new channel

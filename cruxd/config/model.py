@@ -157,6 +157,9 @@ class ControlConfig:
     # DSCP of crux's own gRPC traffic (agent <-> leader, cruxctl, etcd); None: the kernel's
     # default class (no socket option set)
     dscp: int | None = CONTROL_DSCP
+    # gRPC keepalive on both ends: a ping every keepalive_s, keepalive_s / 2 to answer it
+    # (an agent's open plan stream is its liveness: docs/control-plane.md#liveness)
+    keepalive_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -333,7 +333,8 @@ def _tls(t: Section) -> TlsConfig:
 
 def _control(c: Section) -> ControlConfig:
     # 6 bits: IP_TOS takes DSCP << 2; "system" sets nothing (the kernel's class, usually 0)
-    return ControlConfig(dscp=c.integer_or("dscp", CONTROL_DSCP, Range(0, 63), "system"))
+    return ControlConfig(dscp=c.integer_or("dscp", CONTROL_DSCP, Range(0, 63), "system"),
+                         keepalive_s=c.number("keepalive_s", 10.0, Range(0.5, 3600)))
 
 
 def _metrics(m: Section, leader_listen: str | None) -> MetricsConfig:

@@ -137,7 +137,8 @@ class Daemon:
             leader.restore()
         # gRPC sets SO_REUSEPORT by default: a second leader on a taken port would bind it
         # too and take half the agents' connections. A taken port is the operator's to fix.
-        self.server = grpc.aio.server(options=[*tls.KEEPALIVE_SERVER, ("grpc.so_reuseport", 0),
+        self.server = grpc.aio.server(options=[*tls.server_options(c.control.keepalive_s),
+                                               ("grpc.so_reuseport", 0),
                                                *tls.dscp_options(c.control.dscp)])
         add_leader(leader, self.server, self.metrics.on_reject)
         self.health = HealthServicer()

@@ -205,6 +205,7 @@ class Leader(LeaderRpcs):
             await wait_event(self._wake, timeout)
             if self._wake.is_set() and self.config.leader.debounce_ms > 0:
                 await asyncio.sleep(self.config.leader.debounce_ms / 1000)
+            await self._spaced()  # before the causes are taken: what comes meanwhile joins
             self._wake.clear()
             now = self.clock()
             causes = [*self._causes, *self.state.expire(now),
@@ -220,9 +221,6 @@ class Leader(LeaderRpcs):
                            or await self._awaiting_reprobe(causes, now)):
                 continue
             if causes or (self.plan is None and self.state.agents):
-                await self._spaced()
-                causes += self._causes  # what came while it waited
-                self._causes = []
                 self._planning = True
                 started = time.monotonic()
                 try:

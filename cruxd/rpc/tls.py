@@ -14,15 +14,19 @@ import grpc
 from cruxd.config.model import CONTROL_DSCP, TlsConfig
 from cruxd.errors import CruxError, UsageError
 
-# Agents report only on change: an open plan stream is how the leader knows a host is
-# alive, and how an agent finds a hung leader. Both ends ping (HTTP/2 PING, in gRPC's C
-# core: no Python runs), so a dead peer is found within 15 s either way.
-KEEPALIVE = [
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
+
+def keepalive(seconds: float = 10.0) -> list[tuple[str, int]]:
+    """Agents report only on change: an open plan stream is how the leader knows a host is
+    alive, and how an agent finds a hung leader. Both ends ping every `seconds` ([control]
+    keepalive_s) and give half as long for the answer (HTTP/2 PING, in gRPC's C core: no
+    Python runs), so a dead peer is found within 1.5 x `seconds` either way."""
+    ms = int(seconds * 1000)
+    return [("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms // 2),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0)]
+
+
+KEEPALIVE = keepalive()
 
 
 def dscp_options(dscp: int | None) -> list[tuple[str, int]]:
@@ -78,8 +82,9 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
         root_certificates=_read(tls.ca, "ca"), require_client_auth=True)
 
 
-def channel(address: str, tls: TlsConfig, dscp: int | None = CONTROL_DSCP) -> grpc.aio.Channel:
-    options: list[tuple[str, str | int]] = [*KEEPALIVE, *dscp_options(dscp)]
+def channel(address: str, tls: TlsConfig, dscp: int | None = CONTROL_DSCP,
+            keepalive_s: float = 10.0) -> grpc.aio.Channel:
+    options: list[tuple[str, str | int]] = [*keepalive(keepalive_s), *dscp_options(dscp)]
     if not tls.enabled:
         return grpc.aio.insecure_channel(address, options=options)
     creds = grpc.ssl_channel_credentials(root_certificates=_read(tls.ca, "ca"),
@@ -89,14 +94,17 @@ def channel(address: str, tls: TlsConfig, dscp: int | None = CONTROL_DSCP) -> gr
         options.append(("grpc.ssl_target_name_override", tls.server_name))
     return grpc.aio.secure_channel(address, creds, options=options)
 
-KEEPALIVE_SERVER = [
-    # every agent reports right after each plan: a 1,000-agent burst would pass gRPC's
-    # default queue of 1,000 pending calls and be cancelled (bench/control_plane.py)
-    ("grpc.server.max_pending_requests", 20_000),
-    ("grpc.server.max_pending_requests_hard_limit", 40_000),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.http2.max_ping_strikes", 0),
-]
+def server_options(keepalive_s: float = 10.0) -> list[tuple[str, int]]:
+    ms = int(keepalive_s * 1000)
+    return [
+        # every agent reports at once after a failover: a 10,000-agent burst would pass
+        # gRPC's default queue of 1,000 pending calls and be cancelled
+        ("grpc.server.max_pending_requests", 20_000),
+        ("grpc.server.max_pending_requests_hard_limit", 40_000),
+        ("grpc.keepalive_time_ms", ms),
+        ("grpc.keepalive_timeout_ms", ms // 2),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # the agents ping as often: allow it (their pings are how they find a hung leader)
+        ("grpc.http2.min_ping_interval_without_data_ms", ms // 2),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
