@@ -68,6 +68,9 @@ class LeaderRpcs(lgrpc.LeaderServicer):
     def fanout(self) -> FanOut | None:
         raise NotImplementedError
 
+    def recheck_deadlines(self) -> None:
+        raise NotImplementedError
+
     def plan_config(self) -> LeaderPlanConfig:
         raise NotImplementedError
 
@@ -138,6 +141,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
         finally:
             self.watchers -= 1
             state.stream_closed(host, self.clock())
+            self.recheck_deadlines()  # the host's grace starts: the planner times it
 
     async def Status(self, request: lpb.StatusRequest,
                      context: grpc.aio.ServicerContext[Any, Any]) -> cpb.ClusterStatus:

@@ -198,6 +198,10 @@ class Leader(LeaderRpcs):
         self._causes.extend(causes)
         self._wake.set()
 
+    def recheck_deadlines(self) -> None:
+        """Something moved a deadline the planner sleeps towards (a plan stream ended)."""
+        self._wake.set()
+
     async def _planner(self) -> None:
         while True:
             deadline = self.state.next_deadline()

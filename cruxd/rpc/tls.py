@@ -22,6 +22,9 @@ def keepalive(seconds: float = 10.0) -> list[tuple[str, int]]:
     Python runs), so a dead peer is found within 1.5 x `seconds` either way."""
     ms = int(seconds * 1000)
     return [("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms // 2),
+            # grpcio 1.85's HTTP/2 transport times a ping out by this, not the above (a
+            # SIGSTOPped peer went unnoticed; tests/test_liveness.py)
+            ("grpc.http2.ping_timeout_ms", ms // 2),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0)]
 
@@ -103,7 +106,11 @@ def server_options(keepalive_s: float = 10.0) -> list[tuple[str, int]]:
         ("grpc.server.max_pending_requests_hard_limit", 40_000),
         ("grpc.keepalive_time_ms", ms),
         ("grpc.keepalive_timeout_ms", ms // 2),
+        ("grpc.http2.ping_timeout_ms", ms // 2),
         ("grpc.keepalive_permit_without_calls", 1),
+        # a plan stream carries no data for hours: without this the server stops pinging
+        # after 2 pings (gRPC's default), and a stopped agent stays "connected" for ever
+        ("grpc.http2.max_pings_without_data", 0),
         # the agents ping as often: allow it (their pings are how they find a hung leader)
         ("grpc.http2.min_ping_interval_without_data_ms", ms // 2),
         ("grpc.http2.max_ping_strikes", 0),
