@@ -44,6 +44,17 @@ def test_an_arrival_waits_for_every_host_then_goes() -> None:
     assert job_hold(s, causes, 1.5, 3.0, hold.start) is None  # whole: re-plan now
     # a single-host job is whole at once
     assert job_hold(s, s.ingest(report("h2", part("b", 0, 1)), 2.0), 2.0, 3.0, None) is None
+    # and a job that is whole is not held up by another that is not (its ranks may be
+    # waiting for their first decision)
+    held = s.ingest(report("h0", part("a", 0, 2), part("c", 0, 2)), 3.0)
+    assert held == ["job arrived: c"]
+    assert job_hold(s, held, 3.0, 3.0, None) is not None
+    whole = s.ingest(report("h1", part("a", 1, 2), part("c", 1, 2)), 3.1)
+    assert job_hold(s, [*held, *whole], 3.1, 3.0, 3.0) is None
+    s.ingest(report("h2", part("b", 0, 1), part("d", 0, 3)), 3.2)
+    mixed = ["job arrived: d", "job arrived: e"]  # d: 1 of 3; e: whole (below)
+    s.ingest(report("h9", part("e", 0, 1)), 3.2)
+    assert job_hold(s, mixed, 3.2, 3.0, None) is None
 
 
 def test_a_departure_waits_until_no_host_reports_the_job() -> None:

@@ -157,6 +157,9 @@ def fabric_for(inputs: PlanInputs, topology: Topology | None, config: LeaderPlan
     return found.topology, found.paths, True
 
 
+ADDRESS_MEMO = 100_000  # (host, rail) entries JobMemo keeps before it starts over
+
+
 class JobMemo:
     """The scheduler's Job for each merged job, kept while the job, the fabric and (on a
     discovered fabric) which of its ring's pairs are probed stay the same: rebuilding all
@@ -165,6 +168,8 @@ class JobMemo:
 
     def __init__(self) -> None:
         self._jobs: dict[str, tuple[MergedJob, Topology, object, Job | None, str]] = {}
+        self._addresses: dict[tuple[str, int | None],
+                              tuple[tuple[Nic, ...] | None, tuple[str, ...]]] = {}
 
     def as_job(self, m: MergedJob, topo: Topology,
                probed: Mapping[tuple[str, str], object] | None) -> tuple[Job | None, str]:
@@ -180,6 +185,21 @@ class JobMemo:
     def keep(self, job_ids: set[str]) -> None:
         for jid in self._jobs.keys() - job_ids:
             del self._jobs[jid]
+        if len(self._addresses) > 4 * ADDRESS_MEMO:  # hosts and rails that came and went
+            self._addresses.clear()
+
+    def addresses(self, nics: Mapping[str, tuple[Nic, ...]], host: str, port: int | None
+                  ) -> tuple[str, ...]:
+        """_addresses, kept while the host's NICs are the same objects (agents report
+        rarely, and a report that changes nothing keeps the record): 10,000 hosts of 8 rails
+        are 80,000 routes a plan, each looking its peer's NICs up."""
+        have = nics.get(host)
+        got = self._addresses.get((host, port))
+        if got is not None and got[0] is have:
+            return got[1]
+        out = _addresses(nics, host, port)
+        self._addresses[(host, port)] = (have, out)
+        return out
 
 
 def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanConfig,
@@ -232,15 +252,20 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     # the chosen path's TCP-probed ports, found by its hops as its UDP port is
     tcp = {(src, dst, p.hops): p for (src, dst), ps in paths.items() for p in ps if p.tcp}
     listening = listening_ports(merged)
-    by_id = {m.job_id: m for m in merged}
+    # each job's ports by host, once: MergedJob.ports_at scans, and 80,000 flows asked it
+    ports_at = {m.job_id: dict(zip((h for h, _ in m.hosts), m.tcp_ports, strict=False))
+                for m in merged}
     by_hops = {(src, dst, p.hops): p for (src, dst), ps in paths.items() for p in ps}
     before = previous_routes(previous.jobs) if previous is not None and not fabric else {}
     for f in result.flows if result else ():
-        peer = addresses.get((f.dst, f.src_port))
-        if peer is None:
-            peer = addresses[(f.dst, f.src_port)] = _addresses(nics, f.dst, f.src_port)
+        if jobs is not None:
+            peer = jobs.addresses(nics, f.dst, f.src_port)
+        else:
+            key = (f.dst, f.src_port)
+            peer = addresses[key] if key in addresses else addresses.setdefault(
+                key, _addresses(nics, f.dst, f.src_port))
         tcp_dport, tcp_sports = (0, ()) if fabric else route_tcp(
-            by_id[f.job].ports_at(f.dst), tcp.get((f.src, f.dst, f.hops)),
+            ports_at[f.job].get(f.dst, ()), tcp.get((f.src, f.dst, f.hops)),
             listening.get(f.dst, frozenset()))
         # with the fabric routing, the path the scheduler modelled holds no traffic to it
         routes.setdefault(f.job, []).append(keep_ports(f.job, PeerRoute(

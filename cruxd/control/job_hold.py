@@ -6,8 +6,9 @@ departure as "job left host" then "job ended": two re-plans per event, the first
 for a job that was half there (the emulated testbed's churn run). A job says how many hosts
 it spans (`LocalJob.nnodes`), so the leader holds such a re-plan until every host of an
 arriving job reports it, and every host of a leaving job has stopped reporting it, or
-until `job_settle_s` has passed since the first report of the event. Any other cause
-re-plans at once, taking the held causes with it.
+until `job_settle_s` has passed since the first report of the event. Any other cause, and
+a job that is whole, re-plans at once, taking the held causes with it: one incomplete job
+must not hold up another job's first decision.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def job_hold(state: ClusterState, causes: list[str], now: float, settle_s: float
     for kind, jid in events:
         if kind in ARRIVING and jid in arriving:
             waiting[jid] = arriving[jid]
+        elif kind in ARRIVING:
+            return None  # a job that is whole now: plan it at once (it may be waiting to
+            # start: crux-run gives its first decision agent.start_wait_s, 2 s)
         elif kind == LEAVING and jid in merged:
             waiting[jid] = f"{len(merged[jid].hosts)} host(s) still report it"
         elif kind == PROFILING and jid not in arriving:
