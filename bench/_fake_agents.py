@@ -180,10 +180,11 @@ class Worker:
             await asyncio.sleep(Backoff(30.0).next())
 
     async def _report_loop(self, a: FakeAgent) -> None:
-        from cruxd.agent.uplink import Backoff
+        from cruxd.agent.uplink import REPORT_JITTER_S, Backoff
 
         backoff = Backoff(30.0)  # the real agent's retry schedule
         first = True
+        await asyncio.sleep(random.uniform(0, REPORT_JITTER_S))  # as the real agent's
         while True:
             a.poke.clear()
             if await a.report():

@@ -36,7 +36,7 @@ RPC_TIMEOUT_S = 5.0  # Status, GetPlan: a person waits
 # cluster-wide start): the leader answers about 1,500 a second, and a deadline it cannot
 # meet turns the queue into a retry storm. Liveness does not hang on it (the plan stream
 # does), so it can wait.
-REPORT_TIMEOUT_S = 15.0
+REPORT_TIMEOUT_S = 30.0
 # Reports owed because a plan stream ended or a new one opened go this much apart, at
 # random: every agent sees a leader fail at the same instant
 REPORT_JITTER_S = 1.0
@@ -187,6 +187,8 @@ class LeaderLink:
 
     async def _report_loop(self) -> None:
         backoff = Backoff(self._backoff_max_s)
+        # agents started together (a cluster-wide restart) spread their first reports
+        await wait_event(self._stop, random.uniform(0, REPORT_JITTER_S))
         while not self._stop.is_set():
             self._poke.clear()
             report = self._make_report()

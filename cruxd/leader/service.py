@@ -44,7 +44,9 @@ from cruxd.waits import cancelled, wait_event
 LOG = logging.getLogger(__name__)
 PERSIST_DELAY_S = 0.1
 SETTLE_MAX_S = 10.0  # HA: how long a new leader waits for the agents before re-planning
-PLAN_SPACING = 1.0  # after a plan that took T, the next starts T * this later at the soonest
+# after a plan that took T, the next starts T * this later at the soonest: planning holds
+# the GIL a third of the time at most, and the loop keeps two thirds for the agents
+PLAN_SPACING = 2.0
 
 
 class Leader(LeaderRpcs):
@@ -250,7 +252,7 @@ class Leader(LeaderRpcs):
         """Wait out the gap the last plan left. Planning holds the GIL (a plan of 10,000
         hosts takes seconds), and plans back to back, as agents join at start-up, starved
         the loop that answers their Reports into a storm of DEADLINE_EXCEEDED: a plan
-        is followed by as much time again for the loop before the next one starts."""
+        is followed by twice its time for the loop before the next one starts."""
         wait = self._plan_free_at - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
