@@ -34,6 +34,7 @@ from cruxd.leader.auth import Gate
 from cruxd.leader.fanout import FanOut
 from cruxd.leader.hint_service import LeaderHints
 from cruxd.leader.holds import ReplanHolds
+from cruxd.leader.persist import LeaderPersistence
 from cruxd.leader.rpcs import LeaderRpcs
 from cruxd.model.topology import Topology
 from cruxd.scheduler.dscp import can_profile
@@ -42,14 +43,13 @@ from cruxd.scheduler.planner import PlanConfig
 from cruxd.waits import cancelled, wait_event
 
 LOG = logging.getLogger(__name__)
-PERSIST_DELAY_S = 0.1
 SETTLE_MAX_S = 10.0  # HA: how long a new leader waits for the agents before re-planning
 # after a plan that took T, the next starts T * this later at the soonest: planning holds
 # the GIL a third of the time at most, and the loop keeps two thirds for the agents
 PLAN_SPACING = 2.0
 
 
-class Leader(LeaderRpcs):
+class Leader(LeaderRpcs, LeaderPersistence):
     def __init__(self, config: Config, topology: Topology | None,
                  on_plan: Callable[[PublishedPlan], None] | None = None,
                  on_reject: Callable[[str, str], None] | None = None,
@@ -349,58 +349,6 @@ class Leader(LeaderRpcs):
         if self._fanout is None or self._fanout.plan is not self.plan:
             self._fanout = FanOut(self.plan)
         return self._fanout
-
-    def _mark_published(self, generation: int) -> None:
-        try:
-            store.save_high_water(self.config.leader.state_file, generation)
-        except OSError as exc:  # logged; only a crash before the next good write can cost
-            LOG.error("cannot record plan generation %d: %s", generation, exc.strerror)
-        self._high_water = max(self._high_water, generation)
-
-    async def _persister(self) -> None:
-        """Saves the state after changes (set `_unsaved`: view changes and every
-        published plan), batched, and never more than a third of the time (the next
-        save waits twice as long as the last took). The snapshot yields to the loop as
-        it goes, and waits while a plan is being made: plans come first."""
-        ready_at = 0.0
-        while True:
-            await self._unsaved.wait()
-            await asyncio.sleep(max(PERSIST_DELAY_S, ready_at - time.monotonic()))
-            while self._planning:
-                await asyncio.sleep(PERSIST_DELAY_S)
-            self._unsaved.clear()
-            started = time.monotonic()
-            self._snapshots += 1
-            numbered = self._snapshots, await store.snapshot_stepwise(self.state, self.plan)
-            if self.saver is not None:
-                try:
-                    await self.saver(numbered[1])
-                except Exception:  # the next change saves again; never lose the task
-                    LOG.exception("cannot save the leader state")
-            else:
-                await asyncio.to_thread(self._save, numbered)
-            ready_at = time.monotonic() + 2 * (time.monotonic() - started)
-
-    def _snapshot(self, plan: PublishedPlan | None = None) -> tuple[int, dict[str, object]]:
-        self._snapshots += 1
-        return self._snapshots, store.snapshot(self.state, plan or self.plan)
-
-    def _save(self, numbered: tuple[int, dict[str, object]] | None = None) -> None:
-        seq, doc = numbered or self._snapshot()
-        # Plan and persister threads may overlap: one writer at a time, and never an
-        # older snapshot over a newer one (that would bring back an older generation).
-        with self._save_lock:
-            if seq < self._saved_seq:
-                return
-            self._saved_seq = seq
-            self._write(doc)
-
-    def _write(self, doc: dict[str, object]) -> None:
-        try:
-            store.write_atomic(self.config.leader.state_file, doc)
-        except OSError as exc:
-            LOG.error("cannot persist leader state to %s: %s", self.config.leader.state_file,
-                      exc.strerror)
 
 
 def load_topology(path: Path | None) -> Topology | None:

@@ -1,0 +1,83 @@
+"""The leader's state on disk: the generation high-water mark before a plan goes out, and
+the state saved after changes, off the path to the agents (a mixin of service.Leader)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+from cruxd.config.model import Config
+from cruxd.control.cluster import ClusterState
+from cruxd.control.host_plans import PublishedPlan
+from cruxd.leader import store
+
+LOG = logging.getLogger("cruxd.leader.service")  # the service's log, as before the split
+PERSIST_DELAY_S = 0.1
+
+
+class LeaderPersistence:
+    config: Config
+    state: ClusterState
+    plan: PublishedPlan | None
+    saver: Callable[[dict[str, object]], Awaitable[None]] | None
+    _high_water: int
+    _unsaved: asyncio.Event
+    _planning: bool
+    _save_lock: threading.Lock
+    _snapshots: int
+    _saved_seq: int
+
+    def _mark_published(self, generation: int) -> None:
+        try:
+            store.save_high_water(self.config.leader.state_file, generation)
+        except OSError as exc:  # logged; only a crash before the next good write can cost
+            LOG.error("cannot record plan generation %d: %s", generation, exc.strerror)
+        self._high_water = max(self._high_water, generation)
+
+    async def _persister(self) -> None:
+        """Saves the state after changes (set `_unsaved`: view changes and every
+        published plan), batched, and never more than a third of the time (the next
+        save waits twice as long as the last took). The snapshot yields to the loop as
+        it goes, and waits while a plan is being made: plans come first."""
+        ready_at = 0.0
+        while True:
+            await self._unsaved.wait()
+            await asyncio.sleep(max(PERSIST_DELAY_S, ready_at - time.monotonic()))
+            while self._planning:
+                await asyncio.sleep(PERSIST_DELAY_S)
+            self._unsaved.clear()
+            started = time.monotonic()
+            self._snapshots += 1
+            numbered = self._snapshots, await store.snapshot_stepwise(self.state, self.plan)
+            if self.saver is not None:
+                try:
+                    await self.saver(numbered[1])
+                except Exception:  # the next change saves again; never lose the task
+                    LOG.exception("cannot save the leader state")
+            else:
+                await asyncio.to_thread(self._save, numbered)
+            ready_at = time.monotonic() + 2 * (time.monotonic() - started)
+
+    def _snapshot(self, plan: PublishedPlan | None = None) -> tuple[int, dict[str, object]]:
+        self._snapshots += 1
+        return self._snapshots, store.snapshot(self.state, plan or self.plan)
+
+    def _save(self, numbered: tuple[int, dict[str, object]] | None = None) -> None:
+        seq, doc = numbered or self._snapshot()
+        # Plan and persister threads may overlap: one writer at a time, and never an
+        # older snapshot over a newer one (that would bring back an older generation).
+        with self._save_lock:
+            if seq < self._saved_seq:
+                return
+            self._saved_seq = seq
+            self._write(doc)
+
+    def _write(self, doc: dict[str, object]) -> None:
+        try:
+            store.write_atomic(self.config.leader.state_file, doc)
+        except OSError as exc:
+            LOG.error("cannot persist leader state to %s: %s", self.config.leader.state_file,
+                      exc.strerror)
