@@ -44,9 +44,12 @@ from cruxd.waits import cancelled, wait_event
 
 LOG = logging.getLogger(__name__)
 SETTLE_MAX_S = 10.0  # HA: how long a new leader waits for the agents before re-planning
-# after a plan that took T, the next starts T * this later at the soonest: planning holds
-# the GIL a third of the time at most, and the loop keeps two thirds for the agents
+# after a plan that took T > PLAN_SPACED_FROM_S, the next starts T * PLAN_SPACING later at
+# the soonest: such plans hold the GIL a third of the time at most, and the loop keeps two
+# thirds for the agents. Shorter plans are not spaced: an event right after one (a job's
+# arrival after another's) would wait for nothing.
 PLAN_SPACING = 2.0
+PLAN_SPACED_FROM_S = 1.0
 
 
 class Leader(LeaderRpcs, LeaderPersistence):
@@ -233,8 +236,9 @@ class Leader(LeaderRpcs, LeaderPersistence):
                     await self._replan(causes or ["first plan"])
                 finally:
                     self._planning = False
-                    self._plan_free_at = time.monotonic() + PLAN_SPACING * (
-                        time.monotonic() - started)
+                    took = time.monotonic() - started
+                    if took > PLAN_SPACED_FROM_S:
+                        self._plan_free_at = time.monotonic() + PLAN_SPACING * took
 
     def _awaiting_job(self, causes: list[str], now: float) -> bool:
         """Hold a multi-host job's arrival or departure until all its hosts have reported
@@ -251,8 +255,8 @@ class Leader(LeaderRpcs, LeaderPersistence):
     async def _spaced(self) -> None:
         """Wait out the gap the last plan left. Planning holds the GIL (a plan of 10,000
         hosts takes seconds), and plans back to back, as agents join at start-up, starved
-        the loop that answers their Reports into a storm of DEADLINE_EXCEEDED: a plan
-        is followed by twice its time for the loop before the next one starts."""
+        the loop that answers their Reports into a storm of DEADLINE_EXCEEDED: a long
+        plan is followed by twice its time for the loop before the next one starts."""
         wait = self._plan_free_at - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
