@@ -49,7 +49,7 @@ SETTLE_MAX_S = 10.0  # HA: how long a new leader waits for the agents before re-
 # thirds for the agents. Shorter plans are not spaced: an event right after one (a job's
 # arrival after another's) would wait for nothing.
 PLAN_SPACING = 2.0
-PLAN_SPACED_FROM_S = 1.0
+PLAN_SPACED_FROM_S = 2.0
 
 
 class Leader(LeaderRpcs, LeaderPersistence):
