@@ -44,12 +44,11 @@ from cruxd.waits import cancelled, wait_event
 
 LOG = logging.getLogger(__name__)
 SETTLE_MAX_S = 10.0  # HA: how long a new leader waits for the agents before re-planning
-# after a plan that took T > PLAN_SPACED_FROM_S, the next starts T * PLAN_SPACING later at
-# the soonest: such plans hold the GIL a third of the time at most, and the loop keeps two
-# thirds for the agents. Shorter plans are not spaced: an event right after one (a job's
-# arrival after another's) would wait for nothing.
+# after a plan that took T while more events came in (a backlog: agents joining at start-up),
+# the next starts T * PLAN_SPACING later at the soonest: planning then holds the GIL a third
+# of the time at most, and the loop keeps two thirds for the agents. A plan nothing came in
+# behind is not spaced: the next event, on its own, would wait for nothing.
 PLAN_SPACING = 2.0
-PLAN_SPACED_FROM_S = 2.0
 
 
 class Leader(LeaderRpcs, LeaderPersistence):
@@ -237,7 +236,7 @@ class Leader(LeaderRpcs, LeaderPersistence):
                 finally:
                     self._planning = False
                     took = time.monotonic() - started
-                    if took > PLAN_SPACED_FROM_S:
+                    if self._wake.is_set():  # events came in behind it
                         self._plan_free_at = time.monotonic() + PLAN_SPACING * took
 
     def _awaiting_job(self, causes: list[str], now: float) -> bool:
