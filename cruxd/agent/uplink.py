@@ -2,8 +2,9 @@
 
 The report loop looks at the agent's state every `interval_s` (or when poked) and sends a
 Report only when `why` says something the leader plans on changed (agent/report_change.py),
-when a send is owed (a plan applied, a new plan stream: a new or restarted leader must hear
-the host), or after a failed one. The open plan stream is the host's liveness. Both loops
+when a send is owed (a new plan stream: a new or restarted leader must hear the host; a
+failed stream: a report is how the agent finds where the leader went), or after a failed
+one. The open plan stream is the host's liveness. Both loops
 reconnect with jittered exponential backoff; while the leader is away the decision table
 keeps the last plan (jobs keep running as planned).
 """
@@ -102,8 +103,6 @@ class LeaderLink:
         self._sent_mono = 0.0
         self._owed = True  # a report must go at the next look, whatever changed
         self._stream_ended = False  # a plan stream ended: the next one may be a new leader
-        self.reports_sent = 0
-        self.last_reason = ""
 
     async def start(self) -> None:
         self._connect(self.address)
@@ -169,7 +168,7 @@ class LeaderLink:
 
     def poke(self, owed: bool = False) -> None:
         """Look now whether a report is due (a job arrived, a sweep ended); `owed`: send
-        one whatever changed (a plan applied: the leader shows the generation held)."""
+        one whatever changed (a new plan stream, or a failed one)."""
         self._owed |= owed
         self._poke.set()
 
@@ -209,8 +208,6 @@ class LeaderLink:
                 self.reachable, self.last_error = True, ""
                 self._failures = 0
                 self._sent, self._sent_mono, self._owed = report, time.monotonic(), False
-                self.reports_sent += 1
-                self.last_reason = why
                 LOG.debug("report %d sent: %s", self._seq, why)
                 backoff.reset()
                 wait = self.interval_s
