@@ -131,6 +131,11 @@ class Daemon:
         # to stderr ahead of the one line the operator should see
         if why := bind_problem(c.leader.listen):
             raise self._refused("leader.listen", f"cannot listen on {c.leader.listen}: {why}")
+        if c.leader.agent_timeout_s <= 1.5 * c.control.keepalive_s:
+            LOG.warning("leader.agent_timeout_s (%g s) is not above 1.5 x control.keepalive_s "
+                        "(%g s): agents of a leader that hangs find out by keepalive only after "
+                        "that, and a successor may expire them first", c.leader.agent_timeout_s,
+                        c.control.keepalive_s)
         leader = Leader(c, load_topology(c.leader.topology), self.metrics.on_plan,
                         self.metrics.on_reject)
         if not c.leader.ha:

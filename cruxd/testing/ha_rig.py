@@ -40,9 +40,11 @@ class HaRig:
         for i in range(3):
             name = f"l{i}"
             self.addresses[name] = f"127.0.0.1:{free_port()}"
+            # agents find a paused leader by keepalive (1.5 x keepalive_s): within the 3 s
+            # a successor gives the hosts it restored before expiring them
             d = Daemon(self.root, name, {"daemon": {"roles": ["leader"]}, "leader": {
                 **ha, "listen": self.addresses[name], "debounce_ms": 10, "profiling_s": 0,
-                "agent_timeout_s": 3}}, die_with_parent=True)
+                "agent_timeout_s": 3}, "control": {"keepalive_s": 1}}, die_with_parent=True)
             _token_file(d.root / "state" / "leader.token", self.token)
             self.leaders.append(d.start())
         shared = self.root / "leader.token"
@@ -55,7 +57,8 @@ class HaRig:
                           "leader_fallback": [self.addresses[n] for n in names],
                           "addresses": [f"10.1.{i // 250}.{i % 250 + 1}"], "gpus": 8,
                           "report_interval_s": 0.5, "reconnect_max_s": 1,
-                          "leader_token": str(shared)}}, die_with_parent=True).start())
+                          "leader_token": str(shared)},
+                "control": {"keepalive_s": 1}}, die_with_parent=True).start())
         wait_for("a leader elected", self.active, 20)
         for i, a in enumerate(self.agents):
             a.wait_log("agent h")
