@@ -50,7 +50,7 @@ def _stand_ins(metrics: Metrics) -> None:
     metrics.leader = SimpleNamespace(  # type: ignore[assignment]
         plan=SimpleNamespace(jobs=[job, unmeasured], generation=7), clock=lambda: 100.0,
         state=SimpleNamespace(
-            agents={"h0": SimpleNamespace(last_report=98.5)},
+            agents={"h0": SimpleNamespace(last_report=98.5)}, streams={"h0": 1},
             live_agents=lambda: {"h0": SimpleNamespace(jobs={"j": SimpleNamespace(
                 job_id="GPU_Job-1", tcp_ports_busy=9)})}),
         watchers=2,
@@ -78,6 +78,7 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
     assert types["crux_agent_rpc_errors_total"] == "counter"
     assert types["crux_agent_rejected_total"] == "counter"
     assert "crux_agent_rpc_errors_total 4.0" in text
+    assert 'crux_agent_connected{host="h0"} 1.0' in text
     assert "crux_agent_rejected_total 3.0" in text
     for name, value in (("crux_agent_request_timeouts_total", 5.0),
                         ("crux_agent_accept_errors_total", 6.0),

@@ -67,11 +67,18 @@ def _leader_metrics(leader: Leader) -> Iterator[Metric]:
     yield GaugeMetricFamily("crux_plan_generation", "Current plan generation",
                             value=plan.generation if plan else 0)
     ages = GaugeMetricFamily("crux_agent_report_age_seconds",
-                             "Seconds since each agent's last report", labels=["host"])
+                             "Seconds since each agent's last report or the end of its plan "
+                             "stream (agents report only on change: high on a quiet, "
+                             "connected host)", labels=["host"])
+    connected = GaugeMetricFamily("crux_agent_connected",
+                                  "1 while the agent's plan stream is open (its liveness)",
+                                  labels=["host"])
     now = leader.clock()
     for host, rec in leader.state.agents.items():
         ages.add_metric([host], now - rec.last_report)
+        connected.add_metric([host], 1.0 if host in leader.state.streams else 0.0)
     yield ages
+    yield connected
     yield GaugeMetricFamily("crux_plan_watchers", "Open plan streams", value=leader.watchers)
     replans = CounterMetricFamily("crux_replans", "Plans that changed some job's decision, "
                                   "by kind of cause", labels=["cause"])
