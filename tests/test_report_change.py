@@ -8,9 +8,10 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cruxd.agent.report_change import FIGURES, why_report
+from cruxd.agent.report_change import why_report
 from cruxd.control.cluster import ClusterState
 from cruxd.control.records import (
+    FIGURES,
     AgentReport,
     HostInventory,
     LinkObservation,

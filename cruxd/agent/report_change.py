@@ -21,7 +21,6 @@ from dataclasses import fields
 
 from cruxd.control.records import AgentReport, LocalJob, Measurement, PathTable
 
-FIGURES = ("flops_per_iter", "comm_s", "period_s", "compute_s", "allreduce_bytes")
 _JOB_FIELDS = tuple(f.name for f in fields(LocalJob) if f.name != "measurement")
 
 
@@ -56,13 +55,7 @@ def why_report(last: AgentReport | None, new: AgentReport, age_s: float, refresh
 
 
 def _moved(a: Measurement, b: Measurement, tolerance: float) -> bool:
-    if a.source != b.source:
-        return True
-    for name in FIGURES:
-        x, y = getattr(a, name), getattr(b, name)
-        if (x == 0) != (y == 0) or (x and abs(y - x) > tolerance * abs(x)):
-            return True
-    return False
+    return a.source != b.source or a.moved(b, tolerance)
 
 
 def _swept_since(old: PathTable | None, new: PathTable | None) -> bool:

@@ -320,16 +320,7 @@ class ClusterState:
     # --- internals ---------------------------------------------------------
     def _material(self, a: LocalJob, ma: Measurement, b: LocalJob) -> bool:
         """Job `a` (last report; its measurement as of the last change: `ma`) -> `b`."""
-        if not _same_shape(a, b):
-            return True
-        mb = b.measurement
-        for name in ("flops_per_iter", "comm_s", "period_s", "compute_s", "allreduce_bytes"):
-            x, y = getattr(ma, name), getattr(mb, name)
-            if (x == 0) != (y == 0):
-                return True
-            if x and abs(y - x) > self.change_threshold * abs(x):
-                return True
-        return False
+        return not _same_shape(a, b) or ma.moved(b.measurement, self.change_threshold)
 
     def _held_changes(self, now: float) -> list[str]:
         """Measurement changes that have held for change_hold_s. Agents report only on

@@ -34,6 +34,9 @@ PATHS_BY_FABRIC = "fabric"
 PATH_SELECTIONS = (PATHS_BY_CRUX, PATHS_BY_FABRIC)
 
 
+FIGURES = ("flops_per_iter", "comm_s", "period_s", "compute_s", "allreduce_bytes")
+
+
 @dataclass(frozen=True, slots=True)
 class Measurement:
     """Per-iteration figures of a job on one host; 0 means unknown."""
@@ -48,6 +51,16 @@ class Measurement:
     @property
     def known(self) -> bool:
         return self.flops_per_iter > 0
+
+    def moved(self, other: Measurement, tolerance: float) -> bool:
+        """Some figure of `other` is known where this one's is not (or the reverse), or
+        moved by more than `tolerance` of this one's: the leader's change_threshold and the
+        agent's report_change judge by this same rule."""
+        for name in FIGURES:
+            x, y = getattr(self, name), getattr(other, name)
+            if (x == 0) != (y == 0) or (x and abs(y - x) > tolerance * abs(x)):
+                return True
+        return False
 
 
 @dataclass(frozen=True, slots=True)
