@@ -6,24 +6,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from cruxd.config.parse import parse_config
 from cruxd.control.host_plans import PublishedPlan
 from cruxd.control.records import AgentReport, HostInventory, Nic, PathTable, ProbedPath
 from cruxd.leader.service import Leader
+from tests.inproc_leader import inproc_leader
 
 
 def leader(tmp_path: Path, settle_s: float, plans: list[PublishedPlan]) -> Leader:
-    cfg = parse_config(f"""
-[daemon]
-roles = ["leader"]
-state_dir = "{tmp_path}"
-[leader]
-listen = "127.0.0.1:0"
-debounce_ms = 0
-profiling_s = 0
-failure_settle_s = {settle_s}
-""", "<test>")
-    return Leader(cfg, None, plans.append)
+    return inproc_leader(tmp_path, plans, failure_settle_s=settle_s)
 
 
 def report(host: str, addr: str, *tables: PathTable) -> AgentReport:

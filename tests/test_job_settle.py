@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from cruxd.config.parse import parse_config
 from cruxd.control.cluster import ClusterState
 from cruxd.control.host_plans import PublishedPlan
 from cruxd.control.job_hold import job_hold
 from cruxd.control.records import AgentReport, HostInventory, LocalJob, Measurement, Nic
 from cruxd.leader.service import Leader
+from tests.inproc_leader import inproc_leader
 
 M = Measurement(1e12, 0.1, 1.0, 0.8, 1e9, "hints")
 
@@ -99,17 +99,7 @@ def test_a_tcp_job_does_not_wait_for_probes_toward_its_ports() -> None:
 # --- the leader ---------------------------------------------------------------------------
 
 def leader(tmp_path: Path, settle_s: float, plans: list[PublishedPlan]) -> Leader:
-    cfg = parse_config(f"""
-[daemon]
-roles = ["leader"]
-state_dir = "{tmp_path}"
-[leader]
-listen = "127.0.0.1:0"
-debounce_ms = 0
-profiling_s = 0
-job_settle_s = {settle_s}
-""", "<test>")
-    return Leader(cfg, None, plans.append)
+    return inproc_leader(tmp_path, plans, job_settle_s=settle_s)
 
 
 async def _arrive_and_leave(tmp_path: Path, settle_s: float,
