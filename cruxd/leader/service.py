@@ -246,16 +246,19 @@ class Leader(LeaderRpcs, LeaderPersistence):
             self.state, causes, now, self.config.leader.job_settle_s)
         if hold is None:
             return False
-        self._causes = [*causes, *self._causes]  # for the re-plan to come
-        asyncio.get_running_loop().call_later(max(0.05, min(0.5, hold.until - now)),
-                                              self._wake.set)
+        self._held(causes, hold.until - now)
         return True
+
+    def _held(self, causes: list[str], left_s: float) -> None:
+        """Keep `causes` for the re-plan a hold defers, and look again within `left_s`."""
+        self._causes = [*causes, *self._causes]
+        asyncio.get_running_loop().call_later(max(0.05, min(0.5, left_s)), self._wake.set)
 
     async def _spaced(self) -> None:
         """Wait out the gap the last plan left. Planning holds the GIL (a plan of 10,000
         hosts takes seconds), and plans back to back, as agents join at start-up, starved
-        the loop that answers their Reports into a storm of DEADLINE_EXCEEDED: a long
-        plan is followed by twice its time for the loop before the next one starts."""
+        the loop that answers their Reports into a storm of DEADLINE_EXCEEDED: a plan
+        that events came in behind is followed by twice its time for the loop."""
         wait = self._plan_free_at - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
@@ -269,12 +272,10 @@ class Leader(LeaderRpcs, LeaderPersistence):
             self.state, causes, now, self.config.leader.failure_settle_s)
         if hold is None or self.plan is None:
             return False
-        self._causes = [*causes, *self._causes]  # for the re-plan to come
+        self._held(causes, hold.until - now)
         if any(not set(peers) <= set(self.plan.reprobe.get(h, ()))
                for h, peers in hold.reprobe.items()):
             await self._replan(causes, reprobe=hold.reprobe)
-        asyncio.get_running_loop().call_later(max(0.05, min(0.5, hold.until - now)),
-                                              self._wake.set)
         return True
 
     async def _replan(self, causes: list[str],
