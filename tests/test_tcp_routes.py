@@ -231,6 +231,8 @@ def test_a_replan_on_the_same_paths_keeps_the_ports() -> None:
     kept = make_plan(inputs, None, FOUR_LEVELS, 2, 2.0, previous=first)
     routes = {a.job_id: a.routes for a in first.jobs}
     assert {a.job_id: a.routes for a in kept.jobs} == routes
+    # the same objects, not equal copies: the leader's saves convert each record once
+    assert all(a is b for a, b in zip(kept.jobs, first.jobs, strict=True))
     assert {a.job_id: a.routes for a in fresh.jobs} != routes  # without it, new ports
 
     def lose(k: int, peer: int) -> PathTable:  # each path's first UDP and TCP port gone

@@ -275,6 +275,7 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
             tcp_dport=tcp_dport, tcp_sports=tcp_sports), before, by_hops))
 
     out = []
+    was = {a.job_id: a for a in previous.jobs} if previous is not None else {}
     for m in merged:
         hosts = tuple(h for h, _ in m.hosts)
         gpus = sum(g for _, g in m.hosts)
@@ -301,7 +302,8 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
             a = JobAssignment(m.job_id, state_, intensity=d.intensity, k=d.k,
                               rank=d.rank, level=d.level, dscp=d.dscp, hosts=hosts, gpus=gpus,
                               routes=tuple(routes.get(m.job_id, ())))
-        out.append(a)
+        kept = was.get(m.job_id)
+        out.append(kept if kept == a else a)  # the same object again: see keep_ports
     out.sort(key=lambda a: (a.state is not JobState.PROFILING, -a.level, a.rank, a.job_id))
     return PublishedPlan(generation, int(now * 1000), levels, tuple(out), causes,
                          topology=topo.name, result=result, reprobe=inputs.reprobe,

@@ -27,7 +27,8 @@ def previous_routes(jobs: Iterable[JobAssignment]) -> dict[RouteKey, PeerRoute]:
 
 def keep_ports(job: str, route: PeerRoute, before: Mapping[RouteKey, PeerRoute],
                paths: Mapping[tuple[str, str, tuple[str, ...]], DiscoveredPath]) -> PeerRoute:
-    """`route` as the plan made it, with its previous ports where the path is the same."""
+    """`route` as the plan made it, with its previous ports where the path is the same;
+    the previous route itself where the two are equal."""
     old = before.get((job, route.src_host, route.peer_host))
     if old is None or not route.hops or old.hops != route.hops:
         return route
@@ -39,7 +40,9 @@ def keep_ports(job: str, route: PeerRoute, before: Mapping[RouteKey, PeerRoute],
     if (old.tcp_sports and old.tcp_dport == route.tcp_dport
             and set(old.tcp_sports) <= set(path.tcp_sports(route.tcp_dport))):
         tcp = old.tcp_sports
-    if (sport, tcp) == (route.sport, route.tcp_sports):
-        return route
-    return PeerRoute(route.src_host, route.peer_host, route.peer_addresses, sport,
-                     route.hops, route.nic_port, route.tcp_dport, tcp)
+    if (sport, tcp) != (route.sport, route.tcp_sports):
+        route = PeerRoute(route.src_host, route.peer_host, route.peer_addresses, sport,
+                          route.hops, route.nic_port, route.tcp_dport, tcp)
+    # the previous object where nothing changed: the leader's saves convert a record once
+    # (codec.Memo), and comparing plans is by identity first
+    return old if route == old else route

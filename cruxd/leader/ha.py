@@ -15,7 +15,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from cruxd.control.codec import to_dict
+from cruxd.control.codec import Memo, to_dict
 from cruxd.leader.election import Election, Holder, Lost, encode_state
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ class Candidate:
         self.election = Election(leader.config.leader, leader.address, host,
                                  dscp=leader.config.control.dscp)
         self._deposed = asyncio.Event()
+        self._memo = Memo()
         self._task: asyncio.Task[None] | None = None
         leader.role = "standby"
         leader.fence = self._fence
@@ -104,13 +105,19 @@ class Candidate:
 
     async def _fence(self, plan: PublishedPlan) -> str | None:
         """Record the generation with its plan (so a successor resumes exactly it)."""
-        data = await asyncio.to_thread(lambda: encode_state(to_dict(plan)))  # off the loop
+        data = await asyncio.to_thread(lambda: encode_state(self._plan_dict(plan)))  # off the loop
         try:
             return await self.election.commit(generation=str(plan.generation).encode(),
                                               plan=data)
         except Lost as exc:
             self._deposed.set()
             return str(exc)
+
+    def _plan_dict(self, plan: PublishedPlan) -> object:
+        """The plan's document; the routes a re-plan kept are not converted again (one
+        plan at a time, so one memo round per plan)."""
+        self._memo.turn()
+        return to_dict(plan, self._memo)
 
     async def _save(self, doc: dict[str, object]) -> None:
         """The cluster view, after changes; the plan went with its generation."""

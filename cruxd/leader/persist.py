@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from cruxd.config.model import Config
 from cruxd.control.cluster import ClusterState
+from cruxd.control.codec import Memo
 from cruxd.control.host_plans import PublishedPlan
 from cruxd.leader import store
 
@@ -29,6 +30,7 @@ class LeaderPersistence:
     _save_lock: threading.Lock
     _snapshots: int
     _saved_seq: int
+    _memo: Memo
 
     def _mark_published(self, generation: int) -> None:
         try:
@@ -51,7 +53,8 @@ class LeaderPersistence:
             self._unsaved.clear()
             started = time.monotonic()
             self._snapshots += 1
-            numbered = self._snapshots, await store.snapshot_stepwise(self.state, self.plan)
+            numbered = self._snapshots, await store.snapshot_stepwise(
+                self.state, self.plan, memo=self._memo)
             if self.saver is not None:
                 try:
                     await self.saver(numbered[1])
@@ -63,7 +66,7 @@ class LeaderPersistence:
 
     def _snapshot(self, plan: PublishedPlan | None = None) -> tuple[int, dict[str, object]]:
         self._snapshots += 1
-        return self._snapshots, store.snapshot(self.state, plan or self.plan)
+        return self._snapshots, store.snapshot(self.state, plan or self.plan, self._memo)
 
     def _save(self, numbered: tuple[int, dict[str, object]] | None = None) -> None:
         seq, doc = numbered or self._snapshot()

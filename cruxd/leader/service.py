@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cruxd.config.model import Config
 from cruxd.control.cluster import ClusterState
+from cruxd.control.codec import Memo
 from cruxd.control.host_plans import (
     JobMemo,
     LeaderPlanConfig,
@@ -79,6 +80,7 @@ class Leader(LeaderRpcs, LeaderPersistence):
         self._unsaved = asyncio.Event()
         self._save_lock = threading.Lock()
         self._snapshots = self._saved_seq = 0
+        self._memo = Memo()  # records converted at the last save (codec.Memo)
         self._high_water = 0  # the highest generation ever published (store.high_water_file)
         self.watchers = 0
         # HA (cruxd.leader.ha drives these): "single" (no HA), "active" or "standby"

@@ -24,7 +24,7 @@ from typing import Any
 
 from cruxd.config.statefile import read_small, write_atomic
 from cruxd.control.cluster import AgentRecord, ClusterState, JobRecord
-from cruxd.control.codec import from_dict, to_dict
+from cruxd.control.codec import Memo, from_dict, to_dict
 from cruxd.control.host_plans import PublishedPlan
 from cruxd.errors import UsageError
 from cruxd.rpc import convert
@@ -62,36 +62,43 @@ def save_high_water(state_file: Path, generation: int) -> None:
     write_atomic(high_water_file(state_file), {"generation": generation})
 
 
-def snapshot(state: ClusterState, plan: PublishedPlan | None) -> dict[str, Any]:
+def snapshot(state: ClusterState, plan: PublishedPlan | None,
+             memo: Memo | None = None) -> dict[str, Any]:
+    """The state as a document. `memo`: the caller's codec.Memo, one round per snapshot,
+    so records unchanged since the last snapshot are not converted again."""
+    if memo is not None:
+        memo.turn()
     return {
         "format": FORMAT,
-        "agents": {h: to_dict(r) for h, r in state.agents.items()},
-        "jobs": {j: to_dict(r) for j, r in state.jobs.items()},
-        "plan": to_dict(plan) if plan is not None else None,
+        "agents": {h: to_dict(r, memo) for h, r in state.agents.items()},
+        "jobs": {j: to_dict(r, memo) for j, r in state.jobs.items()},
+        "plan": to_dict(plan, memo) if plan is not None else None,
     }
 
 
 async def snapshot_stepwise(state: ClusterState, plan: PublishedPlan | None,
-                            step: int = 100) -> dict[str, Any]:
+                            step: int = 100, memo: Memo | None = None) -> dict[str, Any]:
     """snapshot(), yielding to the event loop every `step` records: at 1,000 agents the
     whole view took the loop for 0.5 s, and a job's arrival waited behind it. Each record
     is converted in one piece; a report arriving meanwhile lands in this snapshot or in
     the next, like one arriving just after it."""
+    if memo is not None:
+        memo.turn()
     out: dict[str, Any] = {"format": FORMAT}
     for name, records in (("agents", state.agents), ("jobs", state.jobs)):
         part: dict[str, Any] = {}
         for i, (key, rec) in enumerate(list(records.items())):
-            part[key] = to_dict(rec)
+            part[key] = to_dict(rec, memo)
             if i % step == step - 1:
                 await asyncio.sleep(0)
         out[name] = part
     if plan is None:
         out["plan"] = None
         return out
-    doc = to_dict(replace(plan, jobs=()))
+    doc = to_dict(replace(plan, jobs=()), memo)
     jobs = []
     for i, a in enumerate(plan.jobs):
-        jobs.append(to_dict(a))
+        jobs.append(to_dict(a, memo))
         if i % step == step - 1:
             await asyncio.sleep(0)
     doc["jobs"] = jobs
