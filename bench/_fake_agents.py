@@ -70,6 +70,9 @@ class FakeAgent:
     acked_since: float = 0.0  # start time of the latest Report acked
     stream_ended: bool = False  # a plan stream ended: the next one may be a new leader
     full_at: float = 0.0  # when the latest full plan that owes a report arrived
+    at: int = 0  # which of the worker's leader addresses it talks to
+    last_error: Any = None  # the latest failed Report's exception
+    acks: list[tuple[float, int]] = field(default_factory=list)  # recent (ack time, at)
 
     def fail(self, what: str) -> None:
         self.errors += 1
@@ -95,8 +98,10 @@ class FakeAgent:
                                    metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             self.fail(f"Report {exc.code().name}")
+            self.last_error = exc
             return False
         self.reports += 1
+        self.acks = [*self.acks[-7:], (time.monotonic(), self.at)]
         self.acked_since = max(self.acked_since, start)
         self.acked.set()
         return True
@@ -119,35 +124,63 @@ def on_plan(a: FakeAgent, msg: Any, now: float) -> None:
 
 
 class Worker:
+    """`address`: the leader's host:port, or the HA candidates' comma-separated: an agent
+    then follows a standby's refusal to the leader it names, and moves to the next
+    candidate when its leader is unreachable, as the real agent's uplink does."""
+
     def __init__(self, address: str, hosts: list[int], jobs: dict[int, list[Any]],
                  interval_s: float, poke_on_plan: bool, nics: tuple[int, float] | None = None,
                  per_channel: int = 1) -> None:
         from _cluster_shapes import inventory
 
-        self.address = address
+        self.addresses = address.split(",")
+        self._channels: dict[tuple[int, int], Any] = {}  # (agent group, address) -> channel
         self.agents = [FakeAgent(i, jobs.get(i, []), inventory_pb(i) if nics is None
                                  else inventory(i, *nics)) for i in hosts]
         self.by_index = {a.index: a for a in self.agents}
         self.interval_s = interval_s
         self.poke_on_plan = poke_on_plan
         self.per_channel = max(1, per_channel)
-        self.channels: list[Any] = []
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def connect(self, timeout: float = 120.0) -> int:
+    def _use(self, a: FakeAgent, at: int) -> None:
+        """Point `a` at leader address `at`: one TCP connection per simulated host
+        (per_channel 1), as separate machines would have, or per group of per_channel."""
         import grpc
 
         from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
         from cruxd.rpc.tls import KEEPALIVE
 
-        for k, a in enumerate(self.agents):
-            if k % self.per_channel == 0:
-                # one TCP connection per simulated host (per_channel 1), as separate
-                # machines would have, or per group of per_channel agents
-                self.channels.append(grpc.aio.insecure_channel(
-                    self.address, options=[*KEEPALIVE, ("grpc.use_local_subchannel_pool", 1)]))
-            a.channel = self.channels[-1]
-            a.stub = lgrpc.LeaderStub(a.channel)  # type: ignore[no-untyped-call]
+        a.at = at % len(self.addresses)
+        key = (a.index // self.per_channel, a.at)  # hosts are consecutive in a worker
+        ch = self._channels.get(key)
+        if ch is None:
+            ch = self._channels[key] = grpc.aio.insecure_channel(
+                self.addresses[a.at],
+                options=[*KEEPALIVE, ("grpc.use_local_subchannel_pool", 1)])
+        a.channel = ch
+        a.stub = lgrpc.LeaderStub(ch)  # type: ignore[no-untyped-call]
+
+    def _follow(self, a: FakeAgent, exc: Any) -> bool:
+        """After a failed Report (as the real agent, which follows on its reports): a
+        standby's named leader (True), else, with several candidates, the next one."""
+        import grpc
+
+        from cruxd.leader.auth import LEADER_TRAILER
+
+        if len(self.addresses) < 2:
+            return False
+        named = dict(exc.trailing_metadata() or ()).get(LEADER_TRAILER)
+        if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and named in self.addresses:
+            self._use(a, self.addresses.index(named))
+            return True
+        if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            self._use(a, a.at + 1)
+        return False
+
+    async def connect(self, timeout: float = 120.0) -> int:
+        for a in self.agents:
+            self._use(a, 0)
             self.tasks.append(asyncio.create_task(self._watch(a)))
             self.tasks.append(asyncio.create_task(self._report_loop(a)))
         await asyncio.wait_for(asyncio.gather(*(a.acked.wait() for a in self.agents)), timeout)
@@ -159,6 +192,7 @@ class Worker:
         from cruxd.agent.uplink import REPORT_JITTER_S, Backoff
         from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 
+        backoff = Backoff(30.0)
         while True:
             call = a.stub.WatchPlan(lpb.WatchRequest(host_id=host_id(a.index),
                                                      have_generation=a.generation),
@@ -170,19 +204,24 @@ class Worker:
                         asyncio.get_running_loop().call_later(
                             random.uniform(0, REPORT_JITTER_S), a.poke.set)
                     opened = True
+                    backoff.reset()
                     on_plan(a, msg, time.monotonic())
                     if self.poke_on_plan and not msg.unchanged:
                         a.full_at = time.monotonic()
                         a.poke.set()
             except grpc.aio.AioRpcError as exc:
                 a.fail(f"WatchPlan {exc.code().name}")
+                if len(self.addresses) > 1:  # a report finds where the leader went
+                    asyncio.get_running_loop().call_later(
+                        random.uniform(0, REPORT_JITTER_S), a.poke.set)
             a.stream_ended = True
-            await asyncio.sleep(Backoff(30.0).next())
+            await asyncio.sleep(backoff.next())
 
     async def _report_loop(self, a: FakeAgent) -> None:
         from cruxd.agent.uplink import REPORT_JITTER_S, Backoff
 
-        backoff = Backoff(30.0)  # the real agent's retry schedule
+        # the real agent's retry schedule; with etcd to ask (HA), at most 1 s apart
+        backoff = Backoff(30.0 if len(self.addresses) < 2 else 1.0)
         first = True
         await asyncio.sleep(random.uniform(0, REPORT_JITTER_S))  # as the real agent's
         while True:
@@ -191,6 +230,9 @@ class Worker:
                 backoff.reset()
                 wait = self.interval_s * (random.uniform(0.0, 1.0) if first else 1.0)
                 first = False
+            elif self._follow(a, a.last_error):
+                backoff.reset()
+                wait = 0.0
             else:
                 wait = backoff.next()
             await wait_event(a.poke, wait)  # not wait_for: it can swallow the stop's cancel
@@ -251,6 +293,33 @@ class Worker:
     def generations(self) -> list[int]:
         return [a.generation for a in self.agents]
 
+    async def wait_followed(self, since: float, gone: str, timeout: float
+                            ) -> list[float] | None:
+        """Per agent: when a leader other than `gone` first acked its Report after `since`
+        (monotonic). A standby acks none, so that is the new leader; the report is the one
+        an agent owes on a new plan stream. A new leader resumes its predecessor's plan
+        and generation, so no plan need come on that stream."""
+        end = time.monotonic() + timeout
+        skip = self.addresses.index(gone) if gone in self.addresses else -1
+
+        def first(a: FakeAgent) -> float | None:
+            return next((t for t, at in a.acks if t > since and at != skip), None)
+
+        while True:
+            got = [first(a) for a in self.agents]
+            if all(t is not None for t in got):
+                return [t for t in got if t is not None]
+            if time.monotonic() > end:
+                return None
+            await asyncio.sleep(POLL_S)
+
+    def where(self) -> dict[str, int]:
+        """How many agents talk to each leader address."""
+        out: dict[str, int] = {}
+        for a in self.agents:
+            out[self.addresses[a.at]] = out.get(self.addresses[a.at], 0) + 1
+        return out
+
     def plans(self) -> tuple[int, int]:
         """(full, unchanged) HostPlans received so far by this worker's agents."""
         return (sum(a.full_plans for a in self.agents),
@@ -267,7 +336,8 @@ class Worker:
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        await asyncio.gather(*(c.close() for c in self.channels), return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in self._channels.values()),
+                             return_exceptions=True)
 
 
 def worker_main(conn: Connection, address: str, hosts: list[int], n_hosts: int, n_jobs: int,
@@ -328,6 +398,10 @@ async def _serve(conn: Connection, address: str, hosts: list[int], specs: list[J
                     res = await worker.wait_quiet(arg)
                 elif cmd == "wait_generation":
                     res = await worker.wait_generation(*arg)
+                elif cmd == "wait_followed":
+                    res = await worker.wait_followed(*arg)
+                elif cmd == "where":
+                    res = worker.where()
                 else:
                     raise ValueError(f"unknown command {cmd!r}")
                 conn.send(("ok", res))

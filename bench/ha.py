@@ -19,6 +19,12 @@ Protocol
     at most 1 s apart while their leader fails.
 
     .venv/bin/python bench/ha.py [--kills 20] [--agents 4] [--lease-s 2] [--json]
+
+  * --simulated N: the same etcd and candidates with N simulated agents instead of real
+    ones, on the real shape (bench/_ha_simulated.py; issue 34's bound: every agent
+    following the new leader within 10 s).
+
+    .venv/bin/python bench/ha.py --simulated 10000 --kills 3
 """
 
 from __future__ import annotations
@@ -72,10 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agents", type=int, default=4)
     ap.add_argument("--lease-s", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--simulated", type=int, default=0, metavar="N",
+                    help="N simulated agents (bench/_fake_agents.py) on the real shape "
+                         "instead of --agents real ones")
+    ap.add_argument("--agents-per-channel", type=int, default=1, metavar="K",
+                    help="with --simulated: simulated agents per gRPC channel (default 1)")
     args = ap.parse_args(argv)
     if (why := etcd_missing()) is not None:
         print(f"bench/ha.py: {why}", file=sys.stderr)
         return 2
+    if args.simulated:
+        return simulated(args)
     rows = []
     with tempfile.TemporaryDirectory(prefix="crux-ha-") as tmp:
         rig = HaRig(Path(tmp), agents_n=args.agents, lease_s=args.lease_s)
@@ -109,6 +122,35 @@ def main(argv: list[str] | None = None) -> int:
         ["no decision changed", f"{summary['tables_unchanged']} of {n}", "", f"{n}"]]))
     print(f"# {n} SIGKILLs of the active leader; {args.agents} agents; etcd_lease_s "
           f"{args.lease_s:g}; 3 etcd members, 3 candidates on loopback")
+    return 0
+
+
+def simulated(args: argparse.Namespace) -> int:
+    from _ha_simulated import run, stop_on_term
+
+    stop_on_term()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="crux-ha-sim-") as tmp:
+        args.tmp = tmp
+        out = run(args)
+    rows = out["kills"]
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    preamble()
+    print(table(["kill", "new leader active", "first agent", "median agent", "p99 agent",
+                 "every agent", "target", "steady again", "generation", "failed RPCs"], [
+        [str(i + 1), f"{r['elected_s']:.2f} s", f"{r['first_s']:.2f} s",
+         f"{r['median_s']:.2f} s", f"{r['p99_s']:.2f} s",
+         f"{r['all_s']:.2f} s", "10 s: " + ("met" if r["all_s"] <= 10 else "NOT met"),
+         f"{r['steady_s']:.1f} s", f"{r['generation_before']} -> {r['generation_after']}",
+         r["errors"]] for i, r in enumerate(rows)]))
+    print(f"# SIGKILL of the active leader -> a Report of the agent acked by the new leader; "
+          f"{out['agents']} simulated agents ({out['per_channel']} per channel), "
+          f"{out['jobs']} jobs, real shape; etcd_lease_s {args.lease_s:g}; 3 etcd members, "
+          f"3 candidates on loopback; the leader's RSS before the kill "
+          f"{rows[0]['leader_rss_mb']:.0f} MB" if rows else "# no kills")
+    print(f"# total {time.monotonic() - started:.0f} s")
     return 0
 
 

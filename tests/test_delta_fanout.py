@@ -97,6 +97,10 @@ def test_fanout_serialises_each_distinct_message_once() -> None:
     assert not lpb.HostPlan.FromString(wire.message("h0", 0)).unchanged  # holds nothing
     assert not lpb.HostPlan.FromString(wire.message("h0", 4)).unchanged  # before `since`
     assert (wire.full_sent, wire.marks_sent) == (4, 2)
+    # a new stream of a host on this plan already still gets a first message: how its
+    # agent learns the stream is up (and reports to a new leader that resumed generation 6)
+    hello = lpb.HostPlan.FromString(wire.message("h2", 6))
+    assert (hello.generation, hello.unchanged, hello.base_generation) == (6, True, 6)
 
 
 def test_agent_advances_on_watermarks_and_refuses_older_terms(short_dir: Path) -> None:
@@ -111,6 +115,11 @@ def test_agent_advances_on_watermarks_and_refuses_older_terms(short_dir: Path) -
             before = t.snapshot()
         assert agent.apply_plan(HostPlan(6, "", 0, 0, term=7, unchanged=True,
                                          base_generation=5))
+        with TableReader(agent.config.agent.decision_table) as t:
+            assert t.header().plan_generation == 6 and t.snapshot() == before
+        # a new stream's first message to a host on the plan already: nothing changes
+        assert agent.apply_plan(HostPlan(6, "", 0, 0, term=7, unchanged=True,
+                                         base_generation=6))
         with TableReader(agent.config.agent.decision_table) as t:
             assert t.header().plan_generation == 6 and t.snapshot() == before
         # a watermark on a generation the table does not hold: ask for the whole plan

@@ -217,8 +217,10 @@ def check_host_plan(hp: HostPlan, host_id: str) -> HostPlan:
             raise InvalidMessage("host_id", f"plan for {hp.host_id!r}, this host is {host_id!r}")
         if hp.jobs or hp.reprobe:
             raise InvalidMessage("unchanged", "a watermark carries no jobs and no reprobe")
-        if not 0 < hp.base_generation < hp.generation:
-            raise InvalidMessage("base_generation", f"{hp.base_generation} is not below "
+        # base == generation: a new stream's first message to a host that holds the
+        # current plan already (a new leader resumes its predecessor's generation)
+        if not 0 < hp.base_generation <= hp.generation:
+            raise InvalidMessage("base_generation", f"{hp.base_generation} is above "
                                  f"generation {hp.generation}")
         return hp
     if hp.host_id != host_id:

@@ -24,6 +24,7 @@ from typing import Any
 
 from cruxd.config.model import LeaderConfig
 from cruxd.leader.etcd import ClientError, EtcdClient
+from cruxd.leader.lease import LeaseKeeper
 from cruxd.leader.store import FORMAT
 
 LOG = logging.getLogger(__name__)
@@ -56,12 +57,15 @@ class Election:
         self.on_error: Callable[[str], None] = lambda error: None  # hears `error` change
 
     async def _ok(self) -> None:
+        self._ok_now()
+
+    def _ok_now(self) -> None:
         if self.error:
             LOG.info("etcd reachable again")
             self.error = ""
             self.on_error("")
 
-    def _failed(self, what: str, exc: Exception) -> None:
+    def _failed(self, what: str, exc: Exception | str) -> None:
         msg = f"etcd {what}: {exc}"
         if msg != self.error:
             LOG.warning("%s", msg)
@@ -96,18 +100,12 @@ class Election:
     async def hold(self) -> str:
         """Keep the lease alive while this leader holds the key; why it stopped holding it.
         Unreachable etcd is not a loss: publishing stops (commit fails) until it is back,
-        or until the lease is found expired."""
-        while True:
-            await asyncio.sleep(self.ttl / 3)
-            try:
-                reply = await self.client.refresh_lease(self.lease.id)
-            except ClientError as exc:
-                self._failed("lease keep-alive", exc)
-                continue
-            if reply.TTL <= 0:
-                self.lease = None
-                return "the lease expired"
-            await self._ok()
+        or until the lease is found expired. The keep-alives go from a thread of their own
+        (cruxd.leader.lease): a busy loop let a 10,000-host leader's lease expire."""
+        why = await LeaseKeeper(self.client, self.ttl).hold(
+            self.lease.id, lambda e: self._failed("lease keep-alive", e), self._ok_now)
+        self.lease = None
+        return why
 
     async def commit(self, **values: bytes) -> str | None:
         """Write `generation`, `plan` and/or `state` in one transaction while holding the

@@ -63,18 +63,25 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types
         self._target = target(config.etcd_endpoints)
         self._tls = (config.etcd_ca, config.etcd_cert, config.etcd_key)
 
+    def channel_args(self) -> tuple[str, list[tuple[str, object]],
+                                    grpc.ChannelCredentials | None]:
+        """(target, options, credentials or None): the same channel for aio and for the
+        lease keeper's blocking one (cruxd.leader.lease)."""
+        options: list[tuple[str, object]] = [
+            ("grpc.lb_policy_name", "round_robin"), ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000), *dscp_options(self._dscp)]
+        ca, cert, key = (_read(p) for p in self._tls)
+        creds = grpc.ssl_channel_credentials(ca, key, cert) if ca is not None else None
+        return self._target, options, creds
+
     async def connect(self) -> None:
         if self._connected.is_set():
             return
-        options = [("grpc.lb_policy_name", "round_robin"),
-                   ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-                   *dscp_options(self._dscp)]
-        ca, cert, key = (_read(p) for p in self._tls)
-        if ca is not None:
-            creds = grpc.ssl_channel_credentials(ca, key, cert)
-            self.channel = grpc.aio.secure_channel(self._target, creds, options=options)
+        target_, options, creds = self.channel_args()
+        if creds is not None:
+            self.channel = grpc.aio.secure_channel(target_, creds, options=options)
         else:
-            self.channel = grpc.aio.insecure_channel(self._target, options=options)
+            self.channel = grpc.aio.insecure_channel(target_, options=options)
         self.kvstub = rpc.KVStub(self.channel)
         self.clusterstub = rpc.ClusterStub(self.channel)
         self.leasestub = rpc.LeaseStub(self.channel)

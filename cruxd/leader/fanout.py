@@ -21,7 +21,10 @@ class FanOut:
     def message(self, host: str, have: int) -> bytes:
         """The bytes for `host`, which holds generation `have` (0: none)."""
         p = self.plan
-        if have and p.unchanged_since(host, have):
+        if have and (have == p.generation or p.unchanged_since(host, have)):
+            # have == generation: a new stream of a host on this plan already. The
+            # watermark still goes: it is how the agent learns that the stream is up,
+            # and a new leader resuming the same generation must hear the host again.
             self.marks_sent += 1
             mark = self._marks.get(have)
             if mark is None:

@@ -69,10 +69,15 @@ class Candidate:
         """One campaign, and the term it wins, until it ends."""
         leader, el = self.leader, self.election
         term = await el.win(POLL_S, self._seen)
+        # the lease is kept from here on: reading and rebuilding the state of 10,000 hosts
+        # takes longer than a lease (the successor lost it before it served one plan)
+        hold = asyncio.create_task(el.hold())
         try:
             high_water, doc = await el.load()
         except Exception as exc:  # cannot read what to resume: try the campaign again
             LOG.error("elected (term %d) but cannot read the state from etcd: %s", term, exc)
+            hold.cancel()
+            await asyncio.gather(hold, return_exceptions=True)
             await el.resign()
             await asyncio.sleep(POLL_S)
             return
@@ -80,7 +85,6 @@ class Candidate:
         leader.activate(term, high_water, doc, f"etcd {el.state_key.decode()}")
         LOG.info("elected leader, term %d, resuming generation %d", term,
                  leader.plan.generation if leader.plan else high_water)
-        hold = asyncio.create_task(el.hold())
         deposed = asyncio.create_task(self._deposed.wait())
         try:
             await asyncio.wait([hold, deposed], return_when=asyncio.FIRST_COMPLETED)

@@ -127,13 +127,14 @@ class LeaderRpcs(lgrpc.LeaderServicer):
                                 f"{host} already has {MAX_STREAMS_PER_HOST} plan streams open")
         state.stream_opened(host)
         self.watchers += 1
+        first = True  # the first message goes even to a host on this plan already
         try:
             while True:
                 published = self._published
                 wire = self.fanout()
-                if wire is not None and wire.plan.generation != have:
+                if wire is not None and (first or wire.plan.generation != have):
                     yield wire.message(host, have)
-                    have = wire.plan.generation
+                    have, first = wire.plan.generation, False
                     state.delivered(host, have)
                 await published.wait()
                 if self._task is None or self._task.done():

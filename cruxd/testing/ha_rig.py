@@ -26,6 +26,11 @@ class HaRig:
     root: Path
     agents_n: int = 4
     lease_s: int = 2
+    # merged into the candidates' [leader] and [control]: bench/ha.py --simulated runs
+    # them on a topology file, with the timeouts of a large cluster
+    leader_extra: dict[str, object] = field(default_factory=dict)
+    control_extra: dict[str, object] = field(default_factory=dict)
+    leader_log_level: str = "debug"  # a leader of 10,000 hosts logs less
     etcd: EtcdCluster = field(init=False)
     token: str = field(default_factory=lambda: secrets.token_hex(32))
     leaders: list[Daemon] = field(default_factory=list)
@@ -42,9 +47,11 @@ class HaRig:
             self.addresses[name] = f"127.0.0.1:{free_port()}"
             # agents find a paused leader by keepalive (1.5 x keepalive_s): within the 3 s
             # a successor gives the hosts it restored before expiring them
-            d = Daemon(self.root, name, {"daemon": {"roles": ["leader"]}, "leader": {
-                **ha, "listen": self.addresses[name], "debounce_ms": 10, "profiling_s": 0,
-                "agent_timeout_s": 3}, "control": {"keepalive_s": 1}}, die_with_parent=True)
+            d = Daemon(self.root, name, {
+                "daemon": {"roles": ["leader"], "log_level": self.leader_log_level},
+                "leader": {**ha, "listen": self.addresses[name], "debounce_ms": 10,
+                           "profiling_s": 0, "agent_timeout_s": 3, **self.leader_extra},
+                "control": {"keepalive_s": 1, **self.control_extra}}, die_with_parent=True)
             _token_file(d.root / "state" / "leader.token", self.token)
             self.leaders.append(d.start())
         shared = self.root / "leader.token"
@@ -77,7 +84,9 @@ class HaRig:
             self.etcd.stop()
 
     def status(self, d: Daemon) -> cpb.ClusterStatus | None:
-        with grpc.insecure_channel(self.addresses[d.name]) as ch:
+        # a status of 10,000 hosts (bench/ha.py --simulated) is over gRPC's 4 MB default
+        with grpc.insecure_channel(self.addresses[d.name], options=[
+                ("grpc.max_receive_message_length", 512 << 20)]) as ch:
             stub = lgrpc.LeaderStub(ch)  # type: ignore[no-untyped-call]
             try:
                 got: cpb.ClusterStatus = stub.Status(
