@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import typing
 
@@ -35,7 +36,7 @@ def _state(hosts: list[str], jobs: list[str]) -> tuple[ClusterState, PublishedPl
     plan = PublishedPlan(3, 1000, 4, tuple(
         JobAssignment(j, JobState.SCHEDULED, intensity=float("inf"), hosts=tuple(hosts),
                       routes=tuple(PeerRoute(a, b, ("10.0.0.1",), sport=49152 + k)
-                                   for k, (a, b) in enumerate(zip(hosts, hosts[1:]))))
+                                   for k, (a, b) in enumerate(itertools.pairwise(hosts))))
         for j in jobs))
     return s, plan
 
@@ -114,8 +115,13 @@ def test_the_persisted_frozen_records_hold_nothing_that_changes_in_place() -> No
     assert checked >= 8
 
 
-def test_to_dict_without_a_memo_is_unchanged() -> None:
-    state, plan = _state(["h0", "h1"], ["a"])
-    doc = to_dict(plan)
+def test_the_memo_keeps_the_codec_rules() -> None:
+    """A memoised conversion is the plain one: infinity as "inf", enums by value."""
+    _, plan = _state(["h0", "h1"], ["a"])
+    memo = Memo()
+    doc = to_dict(plan, memo)
+    assert doc == to_dict(plan)
     assert doc["jobs"][0]["intensity"] == "inf"
-    assert doc["jobs"][0]["routes"][0] == {**doc["jobs"][0]["routes"][0], "src_host": "h0"}
+    assert doc["jobs"][0]["state"] == JobState.SCHEDULED.value
+    assert doc["jobs"][0]["routes"][0]["sport"] == 49152
+    assert to_dict(plan, memo)["jobs"][0] is doc["jobs"][0]  # the same dict, not converted again
