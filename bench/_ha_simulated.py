@@ -49,8 +49,9 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
     st = b.wait_steady(timeout_s)
     term, gen, rss = st.term, st.plan_generation, mem_mb(active.proc.pid)["VmRSS"]
     errs0 = b.errors()
+    offsets = {d.name: len(d.log_text()) for d in rig.leaders if d is not active}
     active.send(signal.SIGKILL)
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time()
     elected: list[float] = []
     others = [d for d in rig.leaders if d is not active]
 
@@ -87,6 +88,12 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
            "old_term": term, "new_term": after.term, "generation_before": gen,
            "generation_after": after.plan_generation, "steady_s": time.monotonic() - t0,
            "leader_rss_mb": rss, "errors": b.errors_since(errs0)}
+    print(f"    ... killed {active.name} at {time.strftime('%H:%M:%S', time.localtime(wall0))}"
+          f".{int(wall0 % 1 * 1000):03d}; the others' log since:", file=sys.stderr)
+    for d in rig.leaders:
+        if d.name in offsets:
+            for line in d.log_text()[offsets[d.name]:].splitlines()[:12]:
+                print(f"      {d.name}: {line}", file=sys.stderr)
     active.start()  # back as a standby for the next round
     wait_for("the killed leader back as a standby",
              lambda: (s := rig.status(active)) is not None and s.ha_role == "standby", 60)
