@@ -14,6 +14,7 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 
@@ -87,52 +88,137 @@ class Memo:
 
 
 def from_dict(cls: Any, data: Any, where: str = "$") -> Any:
-    origin = typing.get_origin(cls)
-    args = typing.get_args(cls)
+    """`data` as a `cls`; ValueError naming the field (from `where`) for data that is not
+    one. Each type's decoder is built once (_decoder): decoding a 10,000-host state file
+    by dispatching on the type hints at every value took a newly elected leader 12-18 s
+    of a contended box (bench/ha.py --simulated 10000)."""
+    try:
+        return _decoder(cls)(data)
+    except _Bad as bad:
+        raise ValueError(f"{where}{''.join(reversed(bad.path))}: {bad.why}") from None
+
+
+class _Bad(Exception):
+    """A decoding error on its way out, gathering the path (innermost first)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+        self.path: list[str] = []
+
+
+Decoder = Callable[[Any], Any]
+
+
+@functools.cache
+def _decoder(cls: Any) -> Decoder:
+    origin, args = typing.get_origin(cls), typing.get_args(cls)
     if origin in (typing.Union, types.UnionType):
-        if data is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return from_dict(inner[0], data, where)
+        return _optional(_decoder(next(a for a in args if a is not type(None))),
+                         type(None) in args)
     if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+        return _record(cls)
+    if origin is tuple:
+        return _sequence(_decoder(args[0] if args else Any))
+    if origin is dict:
+        return _mapping(_decoder(args[1]))
+    if isinstance(cls, type) and issubclass(cls, enum.Enum):
+        return _enum(cls)
+    return _SCALARS.get(cls) or _unknown(cls)
+
+
+def _optional(inner: Decoder, nullable: bool) -> Decoder:
+    def decode(data: Any) -> Any:
+        return None if data is None and nullable else inner(data)
+    return decode
+
+
+def _record(cls: type) -> Decoder:
+    fields = [(name, _decoder(hint)) for name, hint in _hints(cls)]
+
+    def decode(data: Any) -> Any:
         if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected an object for {cls.__name__}")
+            raise _Bad(f"expected an object for {cls.__name__}")
         kwargs = {}
-        for name, hint in _hints(cls):
+        for name, dec in fields:
             if name in data:
-                kwargs[name] = from_dict(hint, data[name], f"{where}.{name}")
+                try:
+                    kwargs[name] = dec(data[name])
+                except _Bad as bad:
+                    bad.path.append(f".{name}")
+                    raise
         try:
             return cls(**kwargs)
         except TypeError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-    if origin is tuple:
+            raise _Bad(str(exc)) from None
+    return decode
+
+
+def _sequence(item: Decoder) -> Decoder:
+    def decode(data: Any) -> Any:
         if not isinstance(data, list):
-            raise ValueError(f"{where}: expected a list")
-        item = args[0] if args else Any
-        return tuple(from_dict(item, v, f"{where}[{i}]") for i, v in enumerate(data))
-    if origin is dict:
+            raise _Bad("expected a list")
+        out = []
+        for i, v in enumerate(data):
+            try:
+                out.append(item(v))
+            except _Bad as bad:
+                bad.path.append(f"[{i}]")
+                raise
+        return tuple(out)
+    return decode
+
+
+def _mapping(value: Decoder) -> Decoder:
+    def decode(data: Any) -> Any:
         if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected an object")
-        return {k: from_dict(args[1], v, f"{where}.{k}") for k, v in data.items()}
-    if isinstance(cls, type) and issubclass(cls, enum.Enum):
+            raise _Bad("expected an object")
+        out = {}
+        for k, v in data.items():
+            try:
+                out[k] = value(v)
+            except _Bad as bad:
+                bad.path.append(f".{k}")
+                raise
+        return out
+    return decode
+
+
+def _enum(cls: type[enum.Enum]) -> Decoder:
+    def decode(data: Any) -> Any:
         try:
             return cls(data)
         except ValueError:
-            raise ValueError(f"{where}: {data!r} is not a {cls.__name__}") from None
-    if cls is float:
-        if isinstance(data, str) and data in ("inf", "-inf", "nan"):
-            return float(data)
-        if isinstance(data, int | float) and not isinstance(data, bool):
-            return float(data)
-        raise ValueError(f"{where}: expected a number")
-    if cls is int:
-        if isinstance(data, int) and not isinstance(data, bool):
-            return data
-        raise ValueError(f"{where}: expected an integer")
-    if cls is str or cls is bool:
-        if isinstance(data, cls):
-            return data
-        raise ValueError(f"{where}: expected a {cls.__name__}")
-    if cls is Any:
+            raise _Bad(f"{data!r} is not a {cls.__name__}") from None
+    return decode
+
+
+def _float(data: Any) -> float:
+    if isinstance(data, str) and data in ("inf", "-inf", "nan"):
+        return float(data)
+    if isinstance(data, int | float) and not isinstance(data, bool):
+        return float(data)
+    raise _Bad("expected a number")
+
+
+def _int(data: Any) -> int:
+    if isinstance(data, int) and not isinstance(data, bool):
         return data
-    raise ValueError(f"{where}: cannot decode type {cls!r}")
+    raise _Bad("expected an integer")
+
+
+def _exactly(kind: type) -> Decoder:
+    def decode(data: Any) -> Any:
+        if isinstance(data, kind):
+            return data
+        raise _Bad(f"expected a {kind.__name__}")
+    return decode
+
+
+def _unknown(cls: Any) -> Decoder:
+    def decode(data: Any) -> Any:
+        raise _Bad(f"cannot decode type {cls!r}")
+    return decode
+
+
+_SCALARS: dict[Any, Decoder] = {float: _float, int: _int, str: _exactly(str),
+                                bool: _exactly(bool), Any: lambda data: data}

@@ -17,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from cruxd.config.model import LeaderConfig
+from cruxd.leader.campaign import Campaign
 from cruxd.leader.etcd import ClientError, EtcdClient
 from cruxd.leader.lease import LeaseKeeper
 from cruxd.leader.store import FORMAT
@@ -74,28 +76,27 @@ class Election:
 
     async def win(self, poll_s: float, seen: Callable[[Holder | None], None]) -> int:
         """Campaign until this candidate holds the key; its term. `seen` hears who holds
-        it meanwhile (None: nobody)."""
-        t = self.client.transactions
-        while True:
-            try:
-                if self.lease is None:
-                    self.lease = await self.client.lease(self.ttl)
-                ok, _ = await self.client.transaction(
-                    compare=[t.version(self.key) == 0],
-                    success=[t.put(self.key, self.me, lease=self.lease)], failure=[])
-                kv = await self.client.get(self.key)
-                await self._ok()
-                seen(_holder(kv) if kv is not None else None)
-                if kv is not None and kv.lease == self.lease.id:  # ours (now, or still)
-                    self.term = kv.create_revision
-                    return self.term
-                if not ok:
-                    reply = await self.client.refresh_lease(self.lease.id)
-                    if reply.TTL <= 0:
-                        self.lease = None
-            except (ClientError, ValueError) as exc:
-                self._failed("campaign", exc)
-            await asyncio.sleep(poll_s)
+        it meanwhile (None: nobody). The campaign runs in a thread (cruxd.leader.campaign):
+        a standby's loop busy refusing 10,000 agents delayed it by 20 s."""
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        campaign = Campaign(self.client, self.key, self.me, self.ttl)
+
+        def heard(kv: Any) -> None:
+            loop.call_soon_threadsafe(seen, _holder(kv) if kv is not None else None)
+
+        try:
+            got = await asyncio.to_thread(
+                campaign.run, self.lease, poll_s, stop, heard,
+                lambda why: loop.call_soon_threadsafe(self._failed, "campaign", why),
+                lambda: loop.call_soon_threadsafe(self._ok_now))
+        finally:
+            stop.set()
+            self.lease = campaign.lease or self.lease  # resign() revokes it
+        assert got is not None  # only a stop ends the campaign without a win
+        self.lease, kv = got
+        self.term = int(kv.create_revision)
+        return self.term
 
     async def hold(self) -> str:
         """Keep the lease alive while this leader holds the key; why it stopped holding it.

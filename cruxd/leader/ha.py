@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from cruxd.control.codec import Memo, to_dict
@@ -69,6 +70,8 @@ class Candidate:
         """One campaign, and the term it wins, until it ends."""
         leader, el = self.leader, self.election
         term = await el.win(POLL_S, self._seen)
+        won = time.monotonic()
+        LOG.info("won the election, term %d; reading the state from etcd", term)
         # the lease is kept from here on: reading and rebuilding the state of 10,000 hosts
         # takes longer than a lease (the successor lost it before it served one plan)
         hold = asyncio.create_task(el.hold())
@@ -82,9 +85,11 @@ class Candidate:
             await asyncio.sleep(POLL_S)
             return
         self._deposed.clear()
+        read = time.monotonic()
         leader.activate(term, high_water, doc, f"etcd {el.state_key.decode()}")
-        LOG.info("elected leader, term %d, resuming generation %d", term,
-                 leader.plan.generation if leader.plan else high_water)
+        LOG.info("elected leader, term %d, resuming generation %d (state read in %.1f s, "
+                 "rebuilt in %.1f s)", term, leader.plan.generation if leader.plan else
+                 high_water, read - won, time.monotonic() - read)
         deposed = asyncio.create_task(self._deposed.wait())
         try:
             await asyncio.wait([hold, deposed], return_when=asyncio.FIRST_COMPLETED)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 from aetcd import rpc
@@ -63,13 +64,11 @@ class LeaseKeeper:
         try:
             while not stop.wait(self._every_s):
                 try:
-                    reply = next(iter(stub.LeaseKeepAlive(
-                        iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
-                        timeout=RPC_TIMEOUT_S, metadata=self._client.metadata)))
+                    ttl = keep_alive(stub, lease_id, self._client.metadata)
                 except (grpc.RpcError, StopIteration) as exc:
-                    to_loop(on_error, _why(exc))
+                    to_loop(on_error, why_failed(exc))
                     continue
-                if reply.TTL <= 0:
+                if ttl <= 0:
                     to_loop(finish, "the lease expired")
                     return
                 to_loop(on_ok)
@@ -79,7 +78,14 @@ class LeaseKeeper:
             channel.close()
 
 
-def _why(exc: BaseException) -> str:
+def keep_alive(stub: Any, lease_id: int, metadata: Any) -> int:
+    """One keep-alive of `lease_id` on a blocking LeaseStub: the TTL left (<= 0: gone)."""
+    reply = next(iter(stub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
+                                          timeout=RPC_TIMEOUT_S, metadata=metadata)))
+    return int(reply.TTL)
+
+
+def why_failed(exc: BaseException) -> str:
     if isinstance(exc, grpc.RpcError) and isinstance(exc, grpc.Call):
         return f"{exc.code().name}: {exc.details()}"
     return "no keep-alive reply"
