@@ -76,8 +76,8 @@ class Election:
 
     async def win(self, poll_s: float, seen: Callable[[Holder | None], None]) -> int:
         """Campaign until this candidate holds the key; its term. `seen` hears who holds
-        it meanwhile (None: nobody). The campaign runs in a thread (cruxd.leader.campaign):
-        a standby's loop busy refusing 10,000 agents delayed it by 20 s."""
+        it meanwhile (None: nobody). The campaign runs in a thread (cruxd.leader.campaign),
+        off a standby's loop that may be busy refusing thousands of agents."""
         loop = asyncio.get_running_loop()
         stop = threading.Event()
         campaign = Campaign(self.client, self.key, self.me, self.ttl)
