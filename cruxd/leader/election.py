@@ -15,6 +15,7 @@ its generation: that is the fence. Agents also refuse plans of an older term
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -85,11 +86,27 @@ class Election:
         def heard(kv: Any) -> None:
             loop.call_soon_threadsafe(seen, _holder(kv) if kv is not None else None)
 
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def finish(ok: bool, value: Any) -> None:
+            if not done.done():
+                done.set_result(value) if ok else done.set_exception(value)
+
+        def run() -> None:  # its own thread, not the executor's: a standby campaigns for ever
+            outcome: tuple[bool, Any]
+            try:
+                outcome = True, campaign.run(
+                    self.lease, poll_s, stop, heard,
+                    lambda why: loop.call_soon_threadsafe(self._failed, "campaign", why),
+                    lambda: loop.call_soon_threadsafe(self._ok_now))
+            except Exception as exc:  # ha._run logs it and campaigns again
+                outcome = False, exc
+            with contextlib.suppress(RuntimeError):  # the loop closed: the daemon stops
+                loop.call_soon_threadsafe(finish, *outcome)
+
+        threading.Thread(target=run, name="etcd-campaign", daemon=True).start()
         try:
-            got = await asyncio.to_thread(
-                campaign.run, self.lease, poll_s, stop, heard,
-                lambda why: loop.call_soon_threadsafe(self._failed, "campaign", why),
-                lambda: loop.call_soon_threadsafe(self._ok_now))
+            got = await done
         finally:
             stop.set()
             self.lease = campaign.lease or self.lease  # resign() revokes it
