@@ -49,11 +49,11 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
     st = b.wait_steady(timeout_s)
     term, gen, rss = st.term, st.plan_generation, mem_mb(active.proc.pid)["VmRSS"]
     errs0 = b.errors()
-    offsets = {d.name: len(d.log_text()) for d in rig.leaders if d is not active}
+    others = [d for d in rig.leaders if d is not active]
+    offsets = {d.name: len(d.log_text()) for d in others}
     active.send(signal.SIGKILL)
     t0, wall0 = time.monotonic(), time.time()
     elected: list[float] = []
-    others = [d for d in rig.leaders if d is not active]
 
     def watch_election() -> None:  # standbys answer Status cheaply; stop at the first active
         while time.monotonic() - t0 < timeout_s and not elected:
@@ -67,18 +67,14 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
                                    (t0, rig.addresses[active.name], timeout_s),
                                    timeout=timeout_s + 30) if ts is not None for t in ts]
     if len(per_agent) != b.args.agents:
-        where: dict[str, int] = {}
-        for got in b.ask(b.all_workers(), "where"):
-            for k, v in got.items():
-                where[k] = where.get(k, 0) + v
         raise RuntimeError(f"not every agent followed within {timeout_s:g} s: agents by "
-                           f"the address they talk to {where}; failed RPCs "
+                           f"the address they talk to {b.tally('where')}; failed RPCs "
                            f"{b.errors_since(errs0)}")
     lat = np.array(per_agent) - t0
     watcher.join()
     active.proc.wait()
     active.proc = None
-    new = rig.active([d for d in rig.leaders if d is not active])
+    new = rig.active(others)
     assert new is not None
     _point_at(b, rig, new.name)
     after = b.wait_steady(timeout_s)
@@ -90,10 +86,9 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
            "leader_rss_mb": rss, "errors": b.errors_since(errs0)}
     print(f"    ... killed {active.name} at {time.strftime('%H:%M:%S', time.localtime(wall0))}"
           f".{int(wall0 % 1 * 1000):03d}; the others' log since:", file=sys.stderr)
-    for d in rig.leaders:
-        if d.name in offsets:
-            for line in d.log_text()[offsets[d.name]:].splitlines()[:12]:
-                print(f"      {d.name}: {line}", file=sys.stderr)
+    for d in others:
+        for line in d.log_text()[offsets[d.name]:].splitlines()[:12]:
+            print(f"      {d.name}: {line}", file=sys.stderr)
     active.start()  # back as a standby for the next round
     wait_for("the killed leader back as a standby",
              lambda: (s := rig.status(active)) is not None and s.ha_role == "standby", 60)

@@ -184,9 +184,13 @@ class Bench:
 
     def errors(self) -> dict[str, int]:
         """Failed RPCs of the simulated agents so far, by method and status code."""
+        return self.tally("errors")
+
+    def tally(self, cmd: str) -> dict[str, int]:
+        """A worker command's counts (a dict of ints from each worker), summed."""
         out: dict[str, int] = {}
-        for errs in self.ask(self.all_workers(), "errors"):
-            for k, v in errs.items():
+        for counts in self.ask(self.all_workers(), cmd):
+            for k, v in counts.items():
                 out[k] = out.get(k, 0) + v
         return out
 

@@ -227,12 +227,11 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     plannable: list[Job] = []
     notes: dict[str, str] = {}
     waiting: set[str] = set()  # unplanned only until their hosts report or paths are probed
-    build = jobs.as_job if jobs is not None else _as_job
-    if jobs is not None:
-        jobs.keep({m.job_id for m in merged})
+    memo = jobs if jobs is not None else JobMemo()  # a fresh one: this plan's lookups only
+    memo.keep({m.job_id for m in merged})
     probed = paths if discovered else None
     for m in merged:
-        job, note = build(m, topo, probed)
+        job, note = memo.as_job(m, topo, probed)
         if job is None:
             notes[m.job_id] = note
             if note == _awaiting(m, probed):
@@ -248,7 +247,6 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     nics = inputs.nics
     decided = {d.job: d for d in result.jobs} if result else {}
     routes: dict[str, list[PeerRoute]] = {}
-    addresses: dict[tuple[str, int | None], tuple[str, ...]] = {}
     # the chosen path's TCP-probed ports, found by its hops as its UDP port is
     tcp = {(src, dst, p.hops): p for (src, dst), ps in paths.items() for p in ps if p.tcp}
     listening = listening_ports(merged)
@@ -258,12 +256,7 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     by_hops = {(src, dst, p.hops): p for (src, dst), ps in paths.items() for p in ps}
     before = previous_routes(previous.jobs) if previous is not None and not fabric else {}
     for f in result.flows if result else ():
-        if jobs is not None:
-            peer = jobs.addresses(nics, f.dst, f.src_port)
-        else:
-            key = (f.dst, f.src_port)
-            peer = addresses[key] if key in addresses else addresses.setdefault(
-                key, _addresses(nics, f.dst, f.src_port))
+        peer = memo.addresses(nics, f.dst, f.src_port)
         tcp_dport, tcp_sports = (0, ()) if fabric else route_tcp(
             ports_at[f.job].get(f.dst, ()), tcp.get((f.src, f.dst, f.hops)),
             listening.get(f.dst, frozenset()))

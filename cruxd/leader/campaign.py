@@ -42,9 +42,7 @@ class Campaign:
         """`seen(kv or None)` hears who holds the key after each look; `failed(why)` each
         etcd error, `ok()` each good look (all called from this thread: the caller hands
         them to its loop)."""
-        target, options, creds = self._client.channel_args()
-        channel = (grpc.secure_channel(target, creds, options=options) if creds is not None
-                   else grpc.insecure_channel(target, options=options))
+        channel = self._client.blocking_channel()
         kv_stub, lease_stub = rpc.KVStub(channel), rpc.LeaseStub(channel)
         md = self._client.metadata
         try:

@@ -15,7 +15,6 @@ its generation: that is the fence. Agents also refuse plans of an older term
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import threading
@@ -27,7 +26,7 @@ from typing import Any
 from cruxd.config.model import LeaderConfig
 from cruxd.leader.campaign import Campaign
 from cruxd.leader.etcd import ClientError, EtcdClient
-from cruxd.leader.lease import LeaseKeeper
+from cruxd.leader.lease import LeaseKeeper, in_own_thread
 from cruxd.leader.store import FORMAT
 
 LOG = logging.getLogger(__name__)
@@ -59,10 +58,7 @@ class Election:
         self.error = ""  # the last etcd error, "" once a call succeeds
         self.on_error: Callable[[str], None] = lambda error: None  # hears `error` change
 
-    async def _ok(self) -> None:
-        self._ok_now()
-
-    def _ok_now(self) -> None:
+    def _ok(self) -> None:
         if self.error:
             LOG.info("etcd reachable again")
             self.error = ""
@@ -86,29 +82,12 @@ class Election:
         def heard(kv: Any) -> None:
             loop.call_soon_threadsafe(seen, _holder(kv) if kv is not None else None)
 
-        done: asyncio.Future[Any] = loop.create_future()
-
-        def finish(ok: bool, value: Any) -> None:
-            if not done.done():
-                done.set_result(value) if ok else done.set_exception(value)
-
-        def run() -> None:  # its own thread, not the executor's: a standby campaigns for ever
-            outcome: tuple[bool, Any]
-            try:
-                outcome = True, campaign.run(
-                    self.lease, poll_s, stop, heard,
-                    lambda why: loop.call_soon_threadsafe(self._failed, "campaign", why),
-                    lambda: loop.call_soon_threadsafe(self._ok_now))
-            except Exception as exc:  # ha._run logs it and campaigns again
-                outcome = False, exc
-            with contextlib.suppress(RuntimeError):  # the loop closed: the daemon stops
-                loop.call_soon_threadsafe(finish, *outcome)
-
-        threading.Thread(target=run, name="etcd-campaign", daemon=True).start()
         try:
-            got = await done
+            got = await in_own_thread(lambda: campaign.run(
+                self.lease, poll_s, stop, heard,
+                lambda why: loop.call_soon_threadsafe(self._failed, "campaign", why),
+                lambda: loop.call_soon_threadsafe(self._ok)), "etcd-campaign", stop)
         finally:
-            stop.set()
             self.lease = campaign.lease or self.lease  # resign() revokes it
         assert got is not None  # only a stop ends the campaign without a win
         self.lease, kv = got
@@ -121,7 +100,7 @@ class Election:
         or until the lease is found expired. The keep-alives go from a thread of their own
         (cruxd.leader.lease): a busy loop let a 10,000-host leader's lease expire."""
         why = await LeaseKeeper(self.client, self.ttl).hold(
-            self.lease.id, lambda e: self._failed("lease keep-alive", e), self._ok_now)
+            self.lease.id, lambda e: self._failed("lease keep-alive", e), self._ok)
         self.lease = None
         return why
 
@@ -139,7 +118,7 @@ class Election:
             return self.error
         if not ok:
             raise Lost("another leader holds the election key")
-        await self._ok()
+        self._ok()
         return None
 
     async def load(self) -> tuple[int, dict[str, Any] | None]:

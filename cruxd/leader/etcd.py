@@ -65,14 +65,21 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types
 
     def channel_args(self) -> tuple[str, list[tuple[str, object]],
                                     grpc.ChannelCredentials | None]:
-        """(target, options, credentials or None): the same channel for aio and for the
-        lease keeper's blocking one (cruxd.leader.lease)."""
+        """(target, options, credentials or None): the same channel for aio and blocking."""
         options: list[tuple[str, object]] = [
             ("grpc.lb_policy_name", "round_robin"), ("grpc.keepalive_time_ms", 10_000),
             ("grpc.keepalive_timeout_ms", 5_000), *dscp_options(self._dscp)]
         ca, cert, key = (_read(p) for p in self._tls)
         creds = grpc.ssl_channel_credentials(ca, key, cert) if ca is not None else None
         return self._target, options, creds
+
+    def blocking_channel(self) -> grpc.Channel:
+        """A blocking channel to the same members, for the threads that campaign and keep
+        the lease (cruxd.leader.campaign, cruxd.leader.lease)."""
+        target_, options, creds = self.channel_args()
+        if creds is not None:
+            return grpc.secure_channel(target_, creds, options=options)
+        return grpc.insecure_channel(target_, options=options)
 
     async def connect(self) -> None:
         if self._connected.is_set():

@@ -9,21 +9,50 @@ here waits on a blocking gRPC call, which releases the GIL, and needs the GIL on
 the microseconds it takes to build and read one small message, so the keep-alive goes
 out on time whatever the loop is doing.
 
-Errors and the lease's end are handed back to the loop (call_soon_threadsafe); the thread
-touches no leader state.
+Errors and the lease's end are handed back to the loop; the thread touches no leader state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from aetcd import rpc
 
 from cruxd.leader.etcd import RPC_TIMEOUT_S, EtcdClient
+
+T = TypeVar("T")
+
+
+async def in_own_thread(fn: Callable[[], T], name: str, stop: threading.Event) -> T:
+    """fn() in a daemon thread of its own, its result or exception here. Not the default
+    executor's: a campaign or a term runs for as long as the process may. Leaving (a
+    cancel included) sets `stop`, which fn watches."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not done.done():
+            done.set_result(value) if ok else done.set_exception(value)
+
+    def run() -> None:
+        outcome: tuple[bool, Any]
+        try:
+            outcome = True, fn()
+        except Exception as exc:  # the awaiting task gets it
+            outcome = False, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed: the daemon stops
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    try:
+        return await done
+    finally:
+        stop.set()
 
 
 class LeaseKeeper:
@@ -37,43 +66,27 @@ class LeaseKeeper:
         keep-alive calls on_error(why) on this loop, each good one on_ok(). Cancel to
         stop (the thread ends within one interval)."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[str] = loop.create_future()
         stop = threading.Event()
+        return await in_own_thread(
+            lambda: self._run(lease_id, stop, loop, on_error, on_ok), "etcd-lease", stop)
 
-        def finish(why: str) -> None:
-            if not done.done():
-                done.set_result(why)
-
-        thread = threading.Thread(
-            target=self._run, name="etcd-lease", daemon=True,
-            args=(lease_id, stop, lambda f, *a: loop.call_soon_threadsafe(f, *a),
-                  finish, on_error, on_ok))
-        thread.start()
-        try:
-            return await done
-        finally:
-            stop.set()
-
-    def _run(self, lease_id: int, stop: threading.Event,
-             to_loop: Callable[..., object], finish: Callable[[str], None],
-             on_error: Callable[[str], None], on_ok: Callable[[], None]) -> None:
-        target, options, creds = self._client.channel_args()
-        channel = (grpc.secure_channel(target, creds, options=options) if creds is not None
-                   else grpc.insecure_channel(target, options=options))
+    def _run(self, lease_id: int, stop: threading.Event, loop: asyncio.AbstractEventLoop,
+             on_error: Callable[[str], None], on_ok: Callable[[], None]) -> str:
+        channel = self._client.blocking_channel()
         stub = rpc.LeaseStub(channel)
         try:
             while not stop.wait(self._every_s):
                 try:
                     ttl = keep_alive(stub, lease_id, self._client.metadata)
                 except (grpc.RpcError, StopIteration) as exc:
-                    to_loop(on_error, why_failed(exc))
+                    loop.call_soon_threadsafe(on_error, why_failed(exc))
                     continue
                 if ttl <= 0:
-                    to_loop(finish, "the lease expired")
-                    return
-                to_loop(on_ok)
-        except RuntimeError:  # call_soon_threadsafe on a closed loop
-            return
+                    return "the lease expired"
+                loop.call_soon_threadsafe(on_ok)
+            return "stopped"
+        except RuntimeError:  # call_soon_threadsafe on a closed loop: the daemon stops
+            return "stopped"
         finally:
             channel.close()
 
