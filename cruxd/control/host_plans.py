@@ -157,7 +157,7 @@ def fabric_for(inputs: PlanInputs, topology: Topology | None, config: LeaderPlan
     return found.topology, found.paths, True
 
 
-ADDRESS_MEMO = 100_000  # (host, rail) entries JobMemo keeps before it starts over
+ADDRESS_MEMO = 400_000  # (host, rail) entries JobMemo keeps before it starts over
 
 
 class JobMemo:
@@ -185,7 +185,7 @@ class JobMemo:
     def keep(self, job_ids: set[str]) -> None:
         for jid in self._jobs.keys() - job_ids:
             del self._jobs[jid]
-        if len(self._addresses) > 4 * ADDRESS_MEMO:  # hosts and rails that came and went
+        if len(self._addresses) > ADDRESS_MEMO:  # hosts and rails that came and went
             self._addresses.clear()
 
     def addresses(self, nics: Mapping[str, tuple[Nic, ...]], host: str, port: int | None
