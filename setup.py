@@ -92,6 +92,8 @@ LIBS = [
     SharedLib(f"{NATIVE}.libcrux_sock", ["crux_sock.c", "crux_sockbytes.c"],
               libraries=("dl",)),
     SharedLib(f"{NATIVE}.libcrux_rates", ["sim/crux_rates.c"], libraries=("m",)),
+    SharedLib(f"{NATIVE}.libcrux_nccl_profiler", ["crux_nccl_profiler.c", "crux_nccl_out.c"],
+              version_script="shim/crux_nccl_profiler.map", libraries=("dl",)),
 ]
 
 
@@ -145,7 +147,8 @@ class BuildSharedLibs(build_ext):
 
 
 def _headers() -> list[str]:
-    return [str(p.relative_to(ROOT)) for p in (ROOT / "shim").glob("*.h")]
+    return [str(p.relative_to(ROOT)) for p in (*(ROOT / "shim").glob("*.h"),
+                                               *(ROOT / "shim" / "nccl").glob("*.h"))]
 
 
 setup(cmdclass={"build_py": BuildPyWithStubs, "build_ext": BuildSharedLibs}, ext_modules=LIBS)

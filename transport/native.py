@@ -3,6 +3,7 @@
     libcrux_pcie.so        PCIe semaphores (transport/pcie.py, the wrapper's gating)
     libcrux_sampler.so     the agent's NIC counter loop (cruxd/measure/sampling/csampler.py)
     libcrux_rates.so       the trace simulator's rate solver (cruxd/sim/rates.py)
+    libcrux_nccl_profiler.so  the NCCL profiler plugin (NCCL_PROFILER_PLUGIN; crux-run)
     libcrux_ibverbs.so     the wrapper libibverbs, for LD_PRELOAD and NCCL_IBVERBS_LIB
     ibverbs/libibverbs.so  the same wrapper under the name NCCL <= 2.29 dlopen()s: crux-run
                            puts this directory first on the job's LD_LIBRARY_PATH
@@ -26,6 +27,7 @@ SAMPLER = "libcrux_sampler.so"
 IBVERBS = "libcrux_ibverbs.so"
 SOCK = "libcrux_sock.so"
 RATES = "libcrux_rates.so"
+NCCL_PROFILER = "libcrux_nccl_profiler.so"
 
 
 class NativeLibraryMissing(FileNotFoundError):

@@ -21,10 +21,16 @@ from itertools import islice
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-__all__ = ["MAX_FILES", "pid_alive", "process_uids", "read_untrusted", "scan"]
+__all__ = ["MAX_FILES", "TornRead", "pid_alive", "process_uids", "read_untrusted", "scan"]
 
 # Names read per scan: every job may create files here, and a scan runs on the agent's loop.
 MAX_FILES = 16384
+READS = 3  # a file whose parse says TornRead is read this often before it counts as bad
+
+
+class TornRead(ValueError):
+    """`parse` saw a read that raced the writer's rewrite (a checksum that does not match):
+    read the file again."""
 
 
 class _HasPid(Protocol):
@@ -103,8 +109,14 @@ def scan(root: str | os.PathLike[str], prefix: str, limit: int,
         names = names[:MAX_FILES]
     for p in names:
         try:
-            data, owner = read_owned(p, limit)
-            rec = parse(data)
+            for attempt in range(READS):
+                data, owner = read_owned(p, limit)
+                try:
+                    rec = parse(data)
+                    break
+                except TornRead:
+                    if attempt == READS - 1:
+                        raise
         except (OSError, ValueError) as exc:
             problems.append(f"{p}: {exc}")
             continue

@@ -52,12 +52,20 @@ from cruxd.control.records import (
     Measurement,
     Nic,
 )
-from cruxd.measure.estimate import SHORT_BURSTS, JobEstimate, drifted, estimate_job
+from cruxd.measure.estimate import (
+    SHORT_BURSTS,
+    JobEstimate,
+    drifted,
+    estimate_job,
+    job_estimate,
+)
 from cruxd.measure.gpu_work import GpuInfo, GpuSample
 from cruxd.measure.sampling.csampler import BatchSampler, SamplerUnavailable
 from cruxd.measure.sampling.gpu import GpuBackend, NvmlUnavailable, open_backend
 from cruxd.measure.sampling.job_bytes import JobBytes, JobCounterSource
 from cruxd.measure.sampling.links import PortLinks
+from cruxd.measure.sampling.nccl_figures import SOURCE as NCCL_SOURCE
+from cruxd.measure.sampling.nccl_figures import NcclFigures
 from cruxd.measure.sampling.nic import Counter, CounterReader, net_counters, rdma_counters
 from cruxd.measure.window import CounterWindow
 from transport.qp_records import ProcessRecords
@@ -92,7 +100,8 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
                  qp_records: Callable[[], list[ProcessRecords]],
                  job_count: Callable[[], int],
                  drift: float = 0.25, drift_windows: int = 3, *,
-                 job_sources: Sequence[JobCounterSource] = ()) -> None:
+                 job_sources: Sequence[JobCounterSource] = (),
+                 nccl: NcclFigures | None = None) -> None:
         self.cfg = cfg
         self.owners, self.qp_records, self.job_count = owners, qp_records, job_count
         self.drift, self.drift_windows = drift, drift_windows
@@ -111,6 +120,7 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
         # each job's own bytes, for hosts that run several (sampled with the NIC counters)
         self.job_bytes = JobBytes(job_sources, cfg.rate_hz, 2 * cfg.window_s, owners,
                                   belongs) if job_sources else None
+        self.nccl = nccl  # the NCCL profiler plugin's records: preferred while fresh
         self.ports = PortLinks(root, [c.name for c in self.counters])
         self._links_at = time.monotonic()  # the last reading links() has looked at
         self._last_links: dict[str, float] = {}  # utilisation by port, as last reported
@@ -284,15 +294,17 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
         if not fresh and now - track.at < 1.0:
             return track.last
         track.at = now
+        since = now - self.cfg.window_s
+        if track.profiling_since is not None:
+            since = max(since, track.profiling_since + self.cfg.settle_s)
+        if (est := self._from_nccl(job_id, track, since, now)) is not None:
+            return est
         records = self.qp_records()
         kind = self.job_source(job_id, records)
         names = self.job_counters(job_id, records) if kind == NIC else (f"{kind}:{job_id}",)
         track.counters = names
         if not names:
             return None
-        since = now - self.cfg.window_s
-        if track.profiling_since is not None:
-            since = max(since, track.profiling_since + self.cfg.settle_s)
         if kind == NIC:
             start, rates = self.window.rates(names, since)
         else:
@@ -309,6 +321,21 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
             if SHORT_BURSTS in est.note and track.profiled is est and not track.warned:
                 track.warned = True
                 LOG.warning("job %s: %s", job_id, est.note)
+        return est
+
+    def _from_nccl(self, job_id: str, track: _JobTrack, since: float, now: float
+                   ) -> JobEstimate | None:
+        """The job's figures from its NCCL profiler records, if they are fresh: its own
+        collectives' network time, which no other job on the NIC can enter."""
+        comm = self.nccl.estimate(job_id, since) if self.nccl is not None else None
+        if comm is None:
+            return None
+        start = now - comm.window_s
+        est = job_estimate(comm, [s for s in self.gpu_samples if s.t >= start], self.inventory,
+                           self.job_devices(job_id))
+        track.counters = ("nccl:" + job_id,)
+        track.source = NCCL_SOURCE
+        self._track(track, est, now)
         return est
 
     def _track(self, track: _JobTrack, est: JobEstimate, now: float) -> None:

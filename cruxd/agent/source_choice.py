@@ -49,14 +49,17 @@ def measurement_for(inputs: SourceInputs) -> MeasurementSource:
     if a.measurement == "live":
         # here, not at the top: numpy (~15 MB) loads only on hosts that measure live
         from cruxd.agent.measuring import LiveMeasurement
+        from cruxd.agent.process_tree import belongs
         from cruxd.measure.sampling.job_bytes import QpBytesSource, SockBytesSource
+        from cruxd.measure.sampling.nccl_figures import NcclFigures
 
         # the interposer's records beside the table's (DataPlane.qp_dir): each job's own bytes
         records = Path(a.decision_table).parent / "qps"
         return LiveMeasurement(inputs.config.measurement, inputs.nics, inputs.owners,
                                inputs.qp_records, inputs.job_count,
                                job_sources=[SockBytesSource(records),
-                                            QpBytesSource(records)])
+                                            QpBytesSource(records)],
+                               nccl=NcclFigures(records, inputs.owners, belongs))
     return StaticMeasurement(a.accept_job_hints)
 
 

@@ -20,10 +20,9 @@ from cruxd.control.records import JobAssignment, LocalJob
 from cruxd.hints.fabric_view import SCHEMA_VERSION, FabricView
 
 FORMAT = "crux.bandwidth"
-# only measured figures (the NIC's, or the job's own bytes on a shared host: `nvml+sock`,
-# `nvml+qp`);
-# hints and replays are not bandwidth
-LIVE_SOURCE = ("nvml+nic", "nvml+sock", "nvml+qp")
+# only measured figures (the NIC's, or the job's own on a shared host: `nvml+sock`, `nvml+qp`,
+# `nvml+nccl`); hints and replays are not bandwidth
+LIVE_SOURCE = ("nvml+nic", "nvml+sock", "nvml+qp", "nvml+nccl")
 
 
 @dataclass(frozen=True, slots=True)

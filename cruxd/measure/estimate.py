@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy.typing as npt
 
-from cruxd.measure.comm import estimate_comm
+from cruxd.measure.comm import CommEstimate, estimate_comm
 from cruxd.measure.gpu_work import GpuInfo, GpuSample, busy_fraction, work_per_iteration
 
 # A burst shorter than two samples may fill none of them wherever it falls, and if none of
@@ -46,18 +46,22 @@ def estimate_job(rates: npt.ArrayLike, rate_hz: float, gpu_samples: list[GpuSamp
     if comm is None:
         return None
     note = ""
+    if comm.comm_s * rate_hz < MIN_BURST_SAMPLES:
+        note = (f"{SHORT_BURSTS}: about {comm.comm_s * 1e3:.3g} ms, under "
+                f"{MIN_BURST_SAMPLES:g} samples at {rate_hz:g} Hz, so t_j may be up to a sample "
+                f"long (raise measurement.rate_hz)")
+    return job_estimate(comm, gpu_samples, inventory, devices, note)
+
+
+def job_estimate(comm: CommEstimate, gpu_samples: list[GpuSample], inventory: list[GpuInfo],
+                 devices: set[int], note: str = "") -> JobEstimate:
+    """A job's figures from its traffic's (`comm`) and its GPUs' over the same window."""
     flops = work_per_iteration(gpu_samples, inventory, devices, comm.window_s,
                                comm.iterations) if gpu_samples else None
     busy = [b for d in sorted(devices) if (b := busy_fraction(gpu_samples, d)) is not None]
-    if not devices:
-        note = "no GPUs mapped to the job"
-    elif flops is None:
-        note = "GPU utilisation or peak unknown"
-    if comm.comm_s * rate_hz < MIN_BURST_SAMPLES:
-        note = "; ".join(n for n in (note, (
-            f"{SHORT_BURSTS}: about {comm.comm_s * 1e3:.3g} ms, under "
-            f"{MIN_BURST_SAMPLES:g} samples at {rate_hz:g} Hz, so t_j may be up to a sample "
-            f"long (raise measurement.rate_hz)")) if n)
+    gpu_note = ("no GPUs mapped to the job" if not devices else
+                "GPU utilisation or peak unknown" if flops is None else "")
+    note = "; ".join(n for n in (gpu_note, note) if n)
     return JobEstimate(comm.window_s, comm.iterations, comm.period_s, comm.comm_s,
                        comm.bytes_per_iter, comm.confidence, flops or 0.0,
                        sum(busy) / len(busy) * comm.period_s if busy else 0.0, note)
