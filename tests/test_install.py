@@ -50,7 +50,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with tarfile.open(sdist) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     for need in ("proto/crux/v1/common.proto", "shim/crux_ibverbs.c", "shim/crux_table.h",
-                 "shim/crux_ibverbs.map", "docs/hints/arnold.schema.json", "setup.py"):
+                 "shim/crux_ibverbs.map", "docs/hints/arnold.schema.json", "setup.py",
+                 "shim/crux_nccl_profiler.c", "shim/nccl/profiler_v6.h", "shim/nccl/LICENSE.txt"):
         assert need in names, f"the sdist lacks {need}"
     assert not any(n.endswith(".so") for n in names), "the sdist ships a built library"
     (wheel,) = dist.glob("crux-*.whl")
@@ -78,9 +79,12 @@ def test_the_wheel_has_the_libraries_where_crux_run_points(installed: Path) -> N
     assert exports["NCCL_IBVERBS_LIB"] == str(native / "ibverbs" / "libibverbs.so")
     assert exports["LD_LIBRARY_PATH"].split(":")[0] == str(native / "ibverbs")
     for lib in ("libcrux_ibverbs.so", "ibverbs/libibverbs.so", "libcrux_pcie.so",
-                "libcrux_sampler.so", "libcrux_sock.so", "libcrux_rates.so"):
+                "libcrux_sampler.so", "libcrux_sock.so", "libcrux_rates.so",
+                "libcrux_nccl_profiler.so"):
         assert (native / lib).is_file(), lib
     assert exports["LD_PRELOAD"] == str(native / "libcrux_sock.so")
+    assert exports["NCCL_PROFILER_PLUGIN"] == "libcrux_nccl_profiler.so"
+    assert exports["LD_LIBRARY_PATH"].split(":")[1] == str(native)
     # the wrapper's own dependency is the real library, not itself
     needed = run("readelf", "-d", native / "ibverbs" / "libibverbs.so").stdout
     assert "[libibverbs.so.1]" in needed and "Library soname: [libcrux_ibverbs.so]" in needed

@@ -74,19 +74,33 @@ def test_print_env_is_exactly_the_exports_in_shell_syntax() -> None:
     assert r.returncode == 0, r.stderr
     got = exports_of(r.stdout)
     wrapper = native.ibverbs_dir() / "libibverbs.so"
+    plugin = native.library(native.NCCL_PROFILER)
     want = {"CRUX_JOB_ID": "gpt 'big'", "CRUX_DECISION_TABLE": "/run/crux/decisions",
-            "LD_LIBRARY_PATH": f"{wrapper.parent}:/opt/cuda/lib64",
-            "NCCL_IBVERBS_LIB": str(wrapper), "LD_PRELOAD": str(native.library(native.SOCK))}
+            "LD_LIBRARY_PATH": f"{wrapper.parent}:{plugin.parent}:/opt/cuda/lib64",
+            "NCCL_IBVERBS_LIB": str(wrapper), "LD_PRELOAD": str(native.library(native.SOCK)),
+            "NCCL_PROFILER_PLUGIN": "libcrux_nccl_profiler.so"}
     assert got == want
     # a POSIX shell evaluating the lines gets the same values, quoting included
     sh = subprocess.run(["sh", "-c", 'eval "$1"; printf "%s|%s" "$CRUX_JOB_ID" '
                          '"$LD_LIBRARY_PATH"', "sh", r.stdout], capture_output=True, text=True)
-    assert sh.stdout == f"gpt 'big'|{wrapper.parent}:/opt/cuda/lib64"
+    assert sh.stdout == f"gpt 'big'|{wrapper.parent}:{plugin.parent}:/opt/cuda/lib64"
     assert exports_of(print_env("--job-id", "j", "--no-shim", "--table", "/t",
                                 env=env).stdout) == {"CRUX_JOB_ID": "j",
                                                      "CRUX_DECISION_TABLE": "/t"}
     assert "LD_PRELOAD" not in exports_of(print_env("--job-id", "j", "--no-sock", "--table",
                                                     "/t", env=env).stdout)
+    no_prof = exports_of(print_env("--job-id", "j", "--no-profiler", "--table", "/t",
+                                   env=env).stdout)
+    assert "NCCL_PROFILER_PLUGIN" not in no_prof
+    assert no_prof["LD_LIBRARY_PATH"] == f"{wrapper.parent}:/opt/cuda/lib64"
+    # a plugin the job names itself is chained behind crux's, and said so
+    r = print_env("--job-id", "j", "--table", "/t",
+                  env={**env, "NCCL_PROFILER_PLUGIN": "inspector"})
+    assert exports_of(r.stdout)["CRUX_NCCL_PROFILER_NEXT"] == "inspector"
+    assert exports_of(r.stdout)["NCCL_PROFILER_PLUGIN"] == "libcrux_nccl_profiler.so"
+    assert "chained" in r.stderr
+    r = print_env("--job-id", "j", "--table", "/t", env={**env, "NCCL_PROFILER_PLUGIN": "NONE"})
+    assert "NCCL_PROFILER_PLUGIN" not in exports_of(r.stdout) and "NONE" not in r.stdout
     # without --table it asks the agent that serves this user: none, so nothing at all
     r = print_env("--job-id", "j", env={**env, "CRUX_SOCKET": "/nonexistent/agent.sock"})
     assert r.returncode == 0 and r.stdout == ""

@@ -53,7 +53,8 @@ _COMM = np.dtype([("comm_hash", "<u8"), ("nranks", "<u4"), ("rank", "<u4"), ("nn
 assert _HEADER.itemsize == HEADER_SIZE and _BURST.itemsize == BURST_SIZE
 assert _COMM.itemsize == COMM_SIZE
 _WEIGHTS = np.arange(SIZE // 8, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-_CHECKSUM_WORD = _HEADER.fields["checksum"][1] // 8
+_CHECKSUM_WORD = 48 // 8  # header.checksum's offset
+assert _HEADER.fields is not None and _HEADER.fields["checksum"][1] == 48
 
 
 class NcclRecordError(ValueError):
@@ -70,6 +71,7 @@ class CommBursts:
     live: bool  # False once NCCL finalised it
     created_ns: int
     since_ns: int  # its bursts are complete from here (the ring may have dropped older ones)
+    total: int  # bursts ever started; the ring keeps the last BURSTS
     colls: int
     func_colls: dict[str, int]
     bursts: npt.NDArray[np.void] = field(repr=False)  # _BURST records
@@ -140,7 +142,7 @@ def _comm(s: np.void) -> CommBursts | None:
     b = b[ok]
     since = int(s["created_ns"]) if total <= BURSTS else int(b["start_ns"].min(initial=0))
     return CommBursts(int(s["comm_hash"]), int(s["nranks"]), int(s["rank"]), int(s["nnodes"]),
-                      state == SLOT_LIVE, int(s["created_ns"]), since, int(s["colls"]),
+                      state == SLOT_LIVE, int(s["created_ns"]), since, total, int(s["colls"]),
                       dict(zip(FUNCS, (int(x) for x in s["func_colls"]), strict=True)),
                       b.copy())
 

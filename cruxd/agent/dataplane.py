@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Iterator
+from itertools import islice
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from transport.decision_table import TableError, TableReader
 from transport.pcie import PcieLockError, PcieLocks, PcieSwitch, shared_links
 from transport.pcie_links import LinkMap, LinkMapError, device_links, write_map
-from transport.pid_files import SkippedFiles
+from transport.pid_files import MAX_FILES, SkippedFiles
 from transport.qp_records import ProcessRecords, classify, read_dir
 from transport.sock_records import SockCounts, by_job
 from transport.sock_records import read_dir as read_sock_dir
@@ -164,6 +167,31 @@ class DataPlane:
         self.last_busy = out  # replaced whole: a scrape thread reads it
         return out
 
+    def nccl_status(self) -> list[apb.NcclProfilerStatus]:
+        """The NCCL profiler plugin's records (`qps/nccl-<pid>`), per job over its live
+        processes; prunes the files of processes that are gone."""
+        # here: numpy (the reader's) loads only on a host whose jobs left such records
+        if not any(p.name.startswith("nccl-") for p in _listing(self.qp_dir)):
+            return []
+        from transport.nccl_records import CHAIN, NcclRecord, read_dir
+
+        records, problems = read_dir(self.qp_dir, prune=True)
+        self.skips.note("NCCL profiler records", problems)
+        now = time.monotonic_ns()
+        jobs: dict[str, list[NcclRecord]] = {}
+        for r in records:
+            jobs.setdefault(r.job_id, []).append(r)
+        return [apb.NcclProfilerStatus(
+            job_id=job, processes=len(rs), api_version=max(r.api_version for r in rs),
+            communicators=sum(len(r.comms) for r in rs),
+            communicators_dropped=sum(r.comms_dropped for r in rs),
+            collectives=sum(c.colls for r in rs for c in r.comms),
+            events=sum(r.events for r in rs), bad_events=sum(r.bad_events for r in rs),
+            chain=max((r.chain for r in rs), key=lambda c: CHAIN.index(c) if c in CHAIN else 9),
+            chained=next((r.chained for r in rs if r.chained), ""),
+            last_write_age_s=max(0.0, (now - max(r.written_ns for r in rs)) / 1e9))
+            for job, rs in sorted(jobs.items())]
+
     def sock_status(self) -> list[apb.SockStatus]:
         """The TCP interposer's connect counters (`qps/sock-<pid>`), summed per job over live
         processes; prunes the files of processes that are gone."""
@@ -172,3 +200,11 @@ class DataPlane:
                                accepts=j.accepts,
                                **{k.replace("-", "_"): v for k, v in j.counters.items()})
                 for j in by_job(records)]
+
+
+def _listing(directory: Path) -> Iterator[Path]:
+    """The directory's entries, at most pid_files.MAX_FILES of them; none if it is missing."""
+    try:
+        yield from islice(directory.iterdir(), MAX_FILES)
+    except OSError:
+        return

@@ -82,6 +82,7 @@ class LocalRpc:
         overrides = dataplane.tc_overrides()  # one sysfs scan serves both fields
         out.agent.qps.extend(dataplane.qp_status(overrides))
         out.agent.sock_connects.extend(dataplane.sock_status())
+        out.agent.nccl_profilers.extend(dataplane.nccl_status())
         out.agent.nic_tc_overrides.extend(overrides)
         if local_only:
             return

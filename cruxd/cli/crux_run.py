@@ -109,10 +109,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true",
                    help="say how long the job's first decision took to arrive")
     p.add_argument("--no-shim", action="store_true",
-                   help="load no job-side library (neither the wrapper libibverbs nor the "
-                        "socket interposer): the job is registered but its traffic unsteered")
+                   help="load no job-side library (neither the wrapper libibverbs, the "
+                        "socket interposer nor the NCCL profiler plugin): the job is "
+                        "registered but its traffic unsteered")
     p.add_argument("--no-sock", action="store_true",
                    help="leave out the socket interposer only (TCP connections unsteered)")
+    p.add_argument("--no-profiler", action="store_true",
+                   help="leave out the NCCL profiler plugin (t_j then comes from the NIC "
+                        "counters); a profiler plugin the job names itself is kept either way")
     p.add_argument("--print-env", action="store_true",
                    help="print the exports a job needs (one `export NAME=value` per line, "
                         "POSIX shell) and exit, registering nothing: for launchers that cannot "
@@ -237,7 +241,8 @@ def _print_env(args: argparse.Namespace) -> int:
                         f"{info.host_id}, so there is no decision to wait for: its connections "
                         "are steered once a crux-run of it registers there")
     env = job_env(os.environ, job_id, table, verbs=not args.no_shim,
-                  sock=not (args.no_shim or args.no_sock))
+                  sock=not (args.no_shim or args.no_sock),
+                  profiler=not (args.no_shim or args.no_profiler))
     for w in env.warnings:
         _warn(args, w)
     sys.stdout.write(render_exports(env))
@@ -272,7 +277,8 @@ def _run(args: argparse.Namespace) -> int:
         table, bound = taken
         _wait(args, table, job_id, bound)
         extra = job_env(os.environ, job_id, table, verbs=not args.no_shim,
-                        sock=not (args.no_shim or args.no_sock))
+                        sock=not (args.no_shim or args.no_sock),
+                        profiler=not (args.no_shim or args.no_profiler))
         for w in extra.warnings:
             _warn(args, w)
         env.update(extra.exports)

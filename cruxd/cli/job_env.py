@@ -7,8 +7,12 @@ Two ways into an NCCL job's verbs (docs/shim.md, "Loading into NCCL"):
     the real library.
   * NCCL >= 2.30 opens $NCCL_IBVERBS_LIB first and falls back to the names: it gets the same
     file by path.
-TCP collectives get the socket interposer through LD_PRELOAD. A library the install lacks is
-left out with a warning: the job runs, only unsteered (fail open).
+TCP collectives get the socket interposer through LD_PRELOAD. NCCL jobs get the profiler
+plugin (docs/measurement.md, "NCCL profiler plugin") as NCCL_PROFILER_PLUGIN=<its name> with its
+directory on LD_LIBRARY_PATH, the one spelling NCCL 2.23 to 2.30 all accept. A job that names
+its own plugin (NCCL Inspector, say) keeps it: crux's plugin chains to it
+(CRUX_NCCL_PROFILER_NEXT), so both see every event. A library the install lacks is left out
+with a warning: the job runs, only unsteered or unmeasured (fail open).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def _prepend(value: str, existing: str | None, sep: str = ":") -> str:
 
 
 def job_env(base: Mapping[str, str], job_id: str, table: str | None, *, verbs: bool = True,
-            sock: bool = True) -> JobEnv:
+            sock: bool = True, profiler: bool = True) -> JobEnv:
     """What to add to `base` (the launcher's environment) for a crux job."""
     out = JobEnv()
     out.exports["CRUX_JOB_ID"] = job_id
@@ -64,7 +68,32 @@ def job_env(base: Mapping[str, str], job_id: str, table: str | None, *, verbs: b
             # glibc splits LD_PRELOAD on spaces and colons; ours first, duplicates dropped
             existing = base.get("LD_PRELOAD", "").replace(" ", ":")
             out.exports["LD_PRELOAD"] = _prepend(str(lib), existing)
+    if profiler:
+        _profiler(base, out)
     return out
+
+
+def _profiler(base: Mapping[str, str], out: JobEnv) -> None:
+    theirs = base.get("NCCL_PROFILER_PLUGIN", "")
+    if theirs.lower() == "none":  # NCCL >= 2.28: profiling switched off on purpose
+        out.warnings.append("NCCL_PROFILER_PLUGIN=none is set: crux's profiler plugin is "
+                            "left out, t_j comes from the NIC counters")
+        return
+    try:
+        lib = native.library(native.NCCL_PROFILER)
+    except native.NativeLibraryMissing as exc:
+        out.warnings.append(f"no NCCL profiler plugin, t_j comes from the NIC counters: {exc}")
+        return
+    if theirs and theirs not in (lib.name, str(lib)):
+        out.exports["CRUX_NCCL_PROFILER_NEXT"] = theirs
+        out.warnings.append(f"NCCL_PROFILER_PLUGIN={theirs} is set: crux's plugin loads it and "
+                            "forwards every event to it (chained), so both profile the job")
+    out.exports["NCCL_PROFILER_PLUGIN"] = lib.name
+    path = out.exports.get("LD_LIBRARY_PATH", base.get("LD_LIBRARY_PATH", ""))
+    parts = [p for p in path.split(":") if p]
+    if str(lib.parent) not in parts:  # after the wrapper's directory, which must stay first
+        parts.insert(1 if "LD_LIBRARY_PATH" in out.exports else 0, str(lib.parent))
+    out.exports["LD_LIBRARY_PATH"] = ":".join(parts)
 
 
 def render_exports(env: JobEnv) -> str:

@@ -61,6 +61,8 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
                                   "connection(s) unsteered: made before the plan[/] (before "
                                   "the job's first decision reached the table; they keep the "
                                   "kernel's path and class until the job reconnects)")
+        if agent.nccl_profilers:
+            console.print(_nccl_profilers(agent.nccl_profilers))
         if cluster is None:  # the leader's view says it otherwise, for every host
             for j in agent.jobs:
                 if j.tcp_ports_busy:
@@ -120,7 +122,7 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
     if any(a.links for a in cluster.agents):
         console.print(_links(cluster.agents))
     jobs = Table(title="jobs", title_justify="left")
-    for col in ("job", "state", "hosts", "GPUs", "W_j FLOP", "t_j s", "period s", "I_j",
+    for col in ("job", "state", "hosts", "GPUs", "W_j FLOP", "t_j s (from)", "period s", "I_j",
                 "k_j", "rank", "level", "DSCP", "paths", "QPs applied", "changes"):
         jobs.add_column(col)
     for j in cluster.jobs:
@@ -128,6 +130,7 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
         qps = f"{j.qps_applied}/{j.qps_total}" if j.qps_total else "no shim report"
         m = j.measurement
         jobs.add_row(j.job_id, state, ",".join(j.hosts), str(j.gpus), _num(m.flops_per_iter),
+                     f"{_num(m.comm_s)}\n({source_tag(m.source)})" if m.source else
                      _num(m.comm_s), _num(m.period_s), _num(j.intensity), _num(j.k),
                      str(j.rank), str(j.level), str(j.dscp), _routes(j, mode == "fabric"), qps,
                      str(j.decision_changes))
@@ -189,6 +192,34 @@ def _qps(qps: list[Any]) -> Table:
             wire += f", job asked {q.orig_traffic_class}"
         t.add_row(q.job_id or "-", str(q.pid), f"{q.device}:{q.qpn}", q.peer,
                   f"[{style.get(q.state, '')}]{q.state}[/]", got, want, q.outcome, wire)
+    return t
+
+
+def source_tag(source: str) -> str:
+    """Where a job's t_j came from, in a word per host part: "nccl" (the profiler plugin),
+    "nic", "sock" or "qp" (counters), "declared" (crux-run's hints), "replay"."""
+    tags = []
+    for part in source.split(","):
+        word = part.split("+", 1)[-1].split(" ", 1)[0]
+        tags.append(word + ("?" if "unprofiled" in part else ""))
+    return ",".join(dict.fromkeys(tags))
+
+
+def _nccl_profilers(rows: list[Any]) -> Table:
+    t = Table(title="NCCL profiler plugin (t_j from the job's own collectives)",
+              title_justify="left")
+    for col in ("job", "processes", "API", "comms", "collectives", "events", "refused",
+                "chain", "written"):
+        t.add_column(col)
+    for r in rows:
+        chain = r.chain + (f" ({r.chained})" if r.chained else "")
+        t.add_row(r.job_id or "-", str(r.processes), f"v{r.api_version}",
+                  str(r.communicators) + (f" (+{r.communicators_dropped} unrecorded)"
+                                          if r.communicators_dropped else ""),
+                  str(r.collectives), str(r.events),
+                  f"[yellow]{r.bad_events}[/]" if r.bad_events else "0",
+                  f"[red]{chain}[/]" if r.chain == "chain failed" else chain,
+                  f"{_age(r.last_write_age_s)} ago")
     return t
 
 

@@ -10,7 +10,9 @@ the same time. Their union is the job's time on the network:
     and overlapping bursts take the highest fill: their union, not their sum;
   - the period is `estimate_period` of that occupancy (the same estimator as the NIC
     counters', on a series with no other job in it);
-  - t_j = the occupied time / iterations, bytes per iteration = bytes sent / iterations.
+  - t_j = the occupied time over the newest whole number of periods in the window, divided by
+    that number (a window cut anywhere in an iteration would count part of one: up to a
+    period's worth of error over the window); bytes per iteration likewise.
 
 Unlike the NIC counters, nothing another job sends can enter: two jobs that share a NIC each
 get their own figures.
@@ -89,10 +91,13 @@ def estimate(bursts: Sequence[Bursts], since_ns: int, now_ns: int,
     if p is None:
         return None
     window_s = occ.size * resolution_s
-    iterations = window_s / p.period_s
-    if not math.isfinite(iterations) or iterations <= 0:
+    whole = math.floor(window_s / p.period_s)
+    if not math.isfinite(p.period_s) or whole < 1:
         return None
-    sent = sum(int(b.sent_bytes[(b.start_ns >= t0) & (b.start_ns < now_ns)].sum()) for b in live)
-    busy_s = float(occ.sum()) * resolution_s
-    return CommEstimate(window_s, p.period_s, iterations, busy_s / iterations, sent / iterations,
-                        p.confidence)
+    cells = min(occ.size, round(whole * p.period_s / resolution_s))
+    busy_s = float(occ[-cells:].sum()) * resolution_s
+    t_k = now_ns - int(cells * resolution_s * 1e9)
+    sent = sum(int(b.sent_bytes[(b.start_ns >= t_k) & (b.start_ns < now_ns)].sum())
+               for b in live)
+    return CommEstimate(window_s, p.period_s, window_s / p.period_s, busy_s / whole,
+                        sent / whole, p.confidence)

@@ -21,6 +21,7 @@
  *   fin C
  *   at US                            wait until US microseconds after the script began
  *   junk H ADDRESS                   set handle H to an arbitrary address (malformed input)
+ *   mem                              print "hwm KB": this process's peak resident memory
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -49,6 +50,8 @@ static const char *const TYPES[] = {"ncclInt8", "ncclUint8", "ncclInt32", "ncclU
 
 static uint8_t code(const char *s, const char *const *names, int n)
 {
+    if (s == NULL) /* an event line: a descriptor NCCL left zero */
+        return 0;
     for (int i = 0; i < n; i++)
         if (strcmp(s, names[i]) == 0)
             return (uint8_t)i;
@@ -115,8 +118,15 @@ static void *handle(const char *id)
 #define EXTRA_2 COLL_STR COLL_HASH
 #define EXTRA_3 COLL_STR COLL_HASH
 #define EXTRA_4 COLL_STR
-#define EXTRA_5 COLL_STR
-#define EXTRA_6 COLL_STR
+/* v5+: NCCL's Coll/P2p parent is the CollApi/P2pApi event, the Group is parentGroup; the
+ * script's one parent stands for both */
+#define GROUP                                                                                \
+    if (type == ncclProfileColl)                                                             \
+        d.coll.parentGroup = parent;                                                         \
+    else if (type == ncclProfileP2p)                                                         \
+        d.p2p.parentGroup = parent;
+#define EXTRA_5 COLL_STR GROUP
+#define EXTRA_6 COLL_STR GROUP
 
 static void start(void *ctx, void **h, uint64_t type, void *parent, const char *func,
                   size_t count, const char *dtype, int a1, int a2, int a3, pid_t pid,
@@ -193,7 +203,7 @@ int main(int argc, char **argv)
         return 1;
     }
     const struct common *p = plugin;
-    printf("api %d name %s\n", api, p->name);
+    printf("api %d name %s pid %d\n", api, p->name, (int)getpid());
     fflush(stdout);
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -234,6 +244,14 @@ int main(int argc, char **argv)
             ctxs[c % CTXS] = NULL;
         } else if (strcmp(cmd, "junk") == 0 && sscanf(line, "%*s %d %llx", &h, &big) == 2) {
             hs[h % HANDLES] = (void *)(uintptr_t)big;
+        } else if (strcmp(cmd, "mem") == 0) {
+            FILE *f = fopen("/proc/self/status", "r");
+            while (f != NULL && fgets(line, sizeof line, f) != NULL)
+                if (strncmp(line, "VmHWM:", 6) == 0)
+                    printf("hwm %ld\n", atol(line + 6));
+            if (f != NULL)
+                fclose(f);
+            fflush(stdout);
         } else if (strcmp(cmd, "at") == 0 && sscanf(line, "%*s %llu", &big) == 1) {
             struct timespec t = t0;
             t.tv_sec += (time_t)(big / 1000000);

@@ -53,7 +53,7 @@ class NcclFigures:
     def estimate(self, job_id: str, since_s: float) -> CommEstimate | None:
         """The job's figures since `since_s` (time.monotonic), or None when it has no fresh
         records (no plugin, no bursts lately, or too few iterations to see a period)."""
-        records = self.job_records(job_id)
+        records = [r for r in self.job_records(job_id) if any(c.bursts.size for c in r.comms)]
         bursts = [Bursts(c.bursts["start_ns"], c.bursts["end_ns"], c.bursts["busy_ns"],
                          c.bursts["sent_bytes"], c.since_ns)
                   for r in records for c in r.comms if c.bursts.size]
@@ -61,7 +61,10 @@ class NcclFigures:
             return None
         now = self.clock()
         newest = max(int(b.end_ns.max()) for b in bursts)
-        est = estimate(bursts, int(since_s * 1e9), now)
+        # each file holds what happened up to its last write (at most 200 ms ago while the
+        # job talks): a window to `now` would count the unwritten rest as idle
+        end = min(now, *(r.written_ns for r in records))
+        est = estimate(bursts, int(since_s * 1e9), end)
         if est is None or (now - newest) / 1e9 > max(STALE_S, 2 * est.period_s):
             return None
         return est
