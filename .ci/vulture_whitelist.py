@@ -49,3 +49,5 @@ lag_samples  # cruxd/measure/period.py: PeriodEstimate
 peaks_fit  # cruxd/measure/period.py: PeriodEstimate
 FIN  # probing/tcp_wire.py: TCP flag constants, the set in one line
 PSH  # probing/tcp_wire.py
+SLOT_FREE  # transport/nccl_records.py: the slot states of shim/crux_ncclrec.h, named together
+writes  # transport/nccl_records.py: NcclRecord, the file's rewrite count (a reader's check)

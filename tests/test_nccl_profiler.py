@@ -323,7 +323,8 @@ def test_malformed_and_out_of_order_events_never_crash_the_job(
 
 
 def test_memory_stays_bounded_however_many_events(harness: Path, tmp_path: Path) -> None:
-    """Fixed pools, never freed: a million events leave the peak where ten thousand did."""
+    """Fixed pools, never freed: a million events leave the peak where the first pass through
+    the pools (16,384 collectives and proxy ops) left it."""
     def hwm(colls: int) -> int:
         lines = ["init 0 8 0 1"]
         for i in range(colls):
@@ -337,8 +338,8 @@ def test_memory_stays_bounded_however_many_events(harness: Path, tmp_path: Path)
         r = drive(harness, "\n".join(lines), "2.30", tmp_path)
         assert r.returncode == 0, r.stderr
         return int(r.stdout.split("hwm ")[1].split()[0])
-    small, large = hwm(2_000), hwm(150_000)
-    assert large < small + 2048  # KB
+    small, large = hwm(20_000), hwm(150_000)
+    assert large < small + 512, (small, large)  # KB
 
 
 def test_the_reader_prunes_the_files_of_processes_that_are_gone(harness: Path,

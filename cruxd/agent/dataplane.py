@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from itertools import islice
-from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from cruxd.agent.nic_tc import tc_overrides, winning_class

@@ -5,7 +5,9 @@ the event loop): NIC byte counters at `rate_hz` into a `CounterWindow`, GPU util
 processes every `gpu_interval_s`. `measure(job)` runs on the event loop when the agent
 reports; it takes the job's share of both over the last window:
 
-* traffic: the RDMA ports the job's QPs use (the shim's records name device and port);
+* traffic: first the job's own collectives, from the NCCL profiler plugin's records while
+  they are fresh (cruxd/measure/sampling/nccl_figures.py; source `nvml+nccl`); else
+  the RDMA ports the job's QPs use (the shim's records name device and port);
   a job without QP records (TCP, or no shim) gets the netdevs' counters. Counters shared by
   several jobs mix their traffic; the period estimator then follows the stronger job. So on
   a host with several jobs, a job whose processes count their own bytes (the TCP
