@@ -62,7 +62,21 @@ void nc_log(const char *fmt, const char *arg)
     fputc('\n', stderr);
 }
 
-static void child(void) { nc_pid = getpid(); } /* a forked child writes no record */
+/* A forked child starts with no record and no communicators: the parent's are the parent's
+ * (NCCL's communicators do not survive a fork). */
+static void child(void)
+{
+    nc_pid = getpid();
+    if (fd >= 0)
+        close(fd);
+    fd = -1;
+    if (img != NULL)
+        memset(img, 0, sizeof *img);
+    free_comms = NULL;
+    atomic_flag_clear(&flushing);
+    for (int i = 0; i < CRUX_NCCLREC_COMMS; i++)
+        atomic_flag_clear(&slot_lock[i]);
+}
 
 static void setup(void)
 {
@@ -160,7 +174,7 @@ struct nc_comm *nc_comm_new(uint64_t comm_hash, int nnodes, int nranks, int rank
     } else {
         dropped++;
     }
-    if (fd < 0 && file_pid != nc_pid) {
+    if (file_pid != nc_pid) { /* once per process */
         file_pid = nc_pid;
         fd = open_record();
     }

@@ -167,7 +167,7 @@ def test_both_nccl_generations_under_crux_run_env(progs: dict[str, Path], tmp_pa
     env = {k: shlex.split(v)[0] for k, _, v in (ln.removeprefix("export ").partition("=")
                                                 for ln in out.stdout.splitlines())}
     assert set(env) == {"CRUX_JOB_ID", "CRUX_DECISION_TABLE", "LD_LIBRARY_PATH",
-                        "NCCL_IBVERBS_LIB"}
+                        "NCCL_IBVERBS_LIB", "NCCL_PROFILER_PLUGIN"}  # the plugin: unused here
     with capture(tmp_path) as seen:
         run_pairs(progs[f"nccl{gen}"], {**env, "CRUX_QP_DIR": str(qps)}, "--pairs", "2")
     assert seen == {A: {(0xD00D, 26)}, B: {(0xE00E, 46)}}

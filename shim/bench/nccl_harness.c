@@ -22,6 +22,8 @@
  *   at US                            wait until US microseconds after the script began
  *   junk H ADDRESS                   set handle H to an arbitrary address (malformed input)
  *   mem                              print "hwm KB": this process's peak resident memory
+ *   fork                             a child inits communicator 63 (hash 6363), runs one
+ *                                    collective on it, finalizes and exits; then go on
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -29,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -244,6 +247,26 @@ int main(int argc, char **argv)
             ctxs[c % CTXS] = NULL;
         } else if (strcmp(cmd, "junk") == 0 && sscanf(line, "%*s %d %llx", &h, &big) == 2) {
             hs[h % HANDLES] = (void *)(uintptr_t)big;
+        } else if (strcmp(cmd, "fork") == 0) {
+            fflush(stdout);
+            pid_t kid = fork();
+            if (kid == 0) {
+                init(63, 2, 1, 6363);
+                start(ctxs[63], &hs[0], ncclProfileColl, NULL, "AllReduce", 8, "ncclInt8", 0,
+                      0, 0, 0, 6363);
+                p->stop(hs[0]);
+                start(ctxs[63], &hs[1], ncclProfileProxyOp, hs[0], NULL, 0, NULL, 1, 1, 8,
+                      getpid(), 0);
+                start(ctxs[63], &hs[2], ncclProfileProxyStep, hs[1], NULL, 0, NULL, 0, 0, 0,
+                      0, 0);
+                p->stop(hs[2]);
+                p->stop(hs[1]);
+                p->finalize(ctxs[63]);
+                fflush(stdout);
+                _exit(0);
+            }
+            waitpid(kid, NULL, 0);
+            printf("child %d\n", (int)kid);
         } else if (strcmp(cmd, "mem") == 0) {
             FILE *f = fopen("/proc/self/status", "r");
             while (f != NULL && fgets(line, sizeof line, f) != NULL)
