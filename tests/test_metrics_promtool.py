@@ -43,14 +43,18 @@ def _types(text: str) -> dict[str, str]:
 
 def _stand_ins(metrics: Metrics) -> None:
     """A leader and an agent with every figure the exporter reads, one job measured."""
-    job = SimpleNamespace(job_id="GPU_Job-1", intensity=2.5e14, level=3,
-                          state=SimpleNamespace(label="scheduled"))
-    unmeasured = SimpleNamespace(job_id="j2", intensity=float("inf"), level=0,
-                                 state=SimpleNamespace(label="unmeasured"))
+    job = SimpleNamespace(job_id="GPU_Job-1", intensity=2.5e14, level=3, dscp=26,
+                          routes=("a", "b"), state=SimpleNamespace(label="scheduled"))
+    unmeasured = SimpleNamespace(job_id="j2", intensity=float("inf"), level=0, dscp=8,
+                                 routes=(), state=SimpleNamespace(label="unmeasured"))
+    figures = SimpleNamespace(flops_per_iter=3.0e13, comm_s=0.12, period_s=0.5)
     metrics.leader = SimpleNamespace(  # type: ignore[assignment]
         plan=SimpleNamespace(jobs=[job, unmeasured], generation=7), clock=lambda: 100.0,
         state=SimpleNamespace(
             agents={"h0": SimpleNamespace(last_report=98.5)}, streams={"h0": 1},
+            merged_jobs=lambda: [SimpleNamespace(job_id="GPU_Job-1", measurement=figures),
+                                 SimpleNamespace(job_id="j2", measurement=SimpleNamespace(
+                                     flops_per_iter=0.0, comm_s=0.0, period_s=0.0))],
             live_agents=lambda: {"h0": SimpleNamespace(jobs={"j": SimpleNamespace(
                 job_id="GPU_Job-1", tcp_ports_busy=9)})}),
         watchers=2,
@@ -90,7 +94,25 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
                         ("crux_agent_tcp_ports_busy_total", 4.0)):
         assert types[name] == "counter" and f'{name}{{crux_job="GPU_Job-1"}} {value}' in text
     assert 'crux_job_intensity_flops_per_second{crux_job="GPU_Job-1"} 2.5e+14' in text
-    assert 'crux_job_level{crux_job="j2",state="unmeasured"} 0.0' in text
+    # stable label sets: the level alone, the state as a state set (every state, one at 1)
+    assert 'crux_job_level{crux_job="j2"} 0.0' in text
+    assert 'crux_job_state{crux_job="j2",state="unmeasured"} 1.0' in text
+    assert 'crux_job_state{crux_job="j2",state="scheduled"} 0.0' in text
+    assert len(re.findall(r'^crux_job_state\{crux_job="GPU_Job-1"', text, re.M)) == 5
+    # a network-free job (I_j infinite) says so instead of having no series
+    assert 'crux_job_network_free{crux_job="j2"} 1.0' in text
+    assert 'crux_job_network_free{crux_job="GPU_Job-1"} 0.0' in text
+    assert 'crux_job_intensity_flops_per_second{crux_job="j2"}' not in text
+    for line in ('crux_job_dscp{crux_job="GPU_Job-1"} 26.0',
+                 'crux_job_routes{crux_job="GPU_Job-1"} 2.0',
+                 'crux_job_work_flops{crux_job="GPU_Job-1"} 3e+13',
+                 'crux_job_comm_seconds{crux_job="GPU_Job-1"} 0.12',
+                 'crux_job_period_seconds{crux_job="GPU_Job-1"} 0.5'):
+        assert line in text, line
+    assert 'crux_job_comm_seconds{crux_job="j2"}' not in text  # not measured: no figure
+    assert re.search(r'^crux_build_info\{role="leader\+agent",version="[^"]+"\} 1.0$', text,
+                     re.M), "build info"
+    assert "_created" not in text
     assert "crux_job_intensity{" not in text, "the intensity carries its unit"
     assert types["crux_replans_total"] == "counter"
     assert 'crux_replans_total{cause="job arrived"} 2.0' in text

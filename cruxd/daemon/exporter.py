@@ -20,12 +20,15 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
+    disable_created_metrics,
     start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cruxd import __version__
 from cruxd.config.hostport import parse_hostport
+from cruxd.control.records import JobState
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -42,10 +45,20 @@ class _StateCollector(Collector):
         self.m = metrics
 
     def collect(self) -> Iterator[Metric]:
+        roles = [r for r, on in (("leader", self.m.leader), ("agent", self.m.agent)) if on]
+        info = GaugeMetricFamily("crux_build_info", "crux's version and this daemon's roles "
+                                 "(always 1: join on it)", labels=["version", "role"])
+        info.add_metric([__version__, "+".join(roles) or "none"], 1.0)
+        yield info
         if self.m.leader is not None:
             yield from _leader_metrics(self.m.leader)
         if self.m.agent is not None:
             yield from _agent_metrics(self.m.agent)
+
+
+# every state a job can be in: each job has one series per state (1 for its own), so a state
+# change moves a value instead of starting a series (Prometheus' "state set")
+STATES = tuple(s.label for s in JobState if s is not JobState.UNSPECIFIED)
 
 
 def _leader_metrics(leader: Leader) -> Iterator[Metric]:
@@ -54,16 +67,29 @@ def _leader_metrics(leader: Leader) -> Iterator[Metric]:
     plan = leader.plan
     # I_j = W_j / t_j: FLOP per iteration over seconds of communication per iteration
     intensity = GaugeMetricFamily("crux_job_intensity_flops_per_second",
-                                  "GPU intensity I_j (FLOP per second of communication)",
+                                  "GPU intensity I_j (FLOP per second of communication); "
+                                  "none for a network-free job (crux_job_network_free)",
                                   labels=["crux_job"])
-    level = GaugeMetricFamily("crux_job_level", "Priority level, 0 lowest",
+    free = GaugeMetricFamily("crux_job_network_free", "1 for a job with no traffic between "
+                             "hosts (one host: I_j is infinite), else 0", labels=["crux_job"])
+    level = GaugeMetricFamily("crux_job_level", "Priority level, 0 lowest", labels=["crux_job"])
+    state = GaugeMetricFamily("crux_job_state", "1 for the job's state, 0 for the others",
                               labels=["crux_job", "state"])
+    dscp = GaugeMetricFamily("crux_job_dscp", "DSCP the job's traffic carries",
+                             labels=["crux_job"])
+    paths = GaugeMetricFamily("crux_job_routes", "Routes (a source host toward a peer, each on "
+                              "one path) the plan gives the job", labels=["crux_job"])
     for a in plan.jobs if plan else ():
         if math.isfinite(a.intensity):
             intensity.add_metric([a.job_id], a.intensity)
-        level.add_metric([a.job_id, a.state.label], a.level)
-    yield intensity
-    yield level
+        free.add_metric([a.job_id], 1.0 if math.isinf(a.intensity) else 0.0)
+        level.add_metric([a.job_id], a.level)
+        for s in STATES:
+            state.add_metric([a.job_id, s], 1.0 if a.state.label == s else 0.0)
+        dscp.add_metric([a.job_id], a.dscp)
+        paths.add_metric([a.job_id], len(a.routes))
+    yield from (intensity, free, level, state, dscp, paths)
+    yield from _job_figures(leader, {a.job_id for a in plan.jobs} if plan else set())
     yield GaugeMetricFamily("crux_plan_generation", "Current plan generation",
                             value=plan.generation if plan else 0)
     ages = GaugeMetricFamily("crux_agent_report_age_seconds",
@@ -100,6 +126,24 @@ def _leader_metrics(leader: Leader) -> Iterator[Metric]:
     for job, n in sorted(ports_busy(leader).items()):
         busy.add_metric([job], n)
     yield busy
+
+
+def _job_figures(leader: Leader, planned: set[str]) -> Iterator[Metric]:
+    """What the leader plans each job with: W_j, t_j and the period, merged over its hosts."""
+    work = GaugeMetricFamily("crux_job_work_flops", "W_j: FLOP per iteration, all hosts",
+                             labels=["crux_job"])
+    comm = GaugeMetricFamily("crux_job_comm_seconds", "t_j: seconds on the network per "
+                             "iteration", labels=["crux_job"])
+    period = GaugeMetricFamily("crux_job_period_seconds", "Iteration period",
+                               labels=["crux_job"])
+    for m in leader.state.merged_jobs():
+        if m.job_id not in planned:
+            continue
+        for family, value in ((work, m.measurement.flops_per_iter),
+                              (comm, m.measurement.comm_s), (period, m.measurement.period_s)):
+            if value > 0 and math.isfinite(value):  # 0: not measured yet
+                family.add_metric([m.job_id], value)
+    yield from (work, comm, period)
 
 
 def _agent_metrics(agent: Agent) -> Iterator[Metric]:
@@ -141,6 +185,9 @@ def _agent_metrics(agent: Agent) -> Iterator[Metric]:
 
 class Metrics:
     def __init__(self) -> None:
+        # no `<name>_created` series beside every counter and histogram: they double the
+        # series for a timestamp nobody graphs (a process-wide switch of the library)
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         self.leader: Leader | None = None
         self.agent: Agent | None = None
