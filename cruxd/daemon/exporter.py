@@ -187,7 +187,7 @@ class Metrics:
     def __init__(self) -> None:
         # no `<name>_created` series beside every counter and histogram: they double the
         # series for a timestamp nobody graphs (a process-wide switch of the library)
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         self.leader: Leader | None = None
         self.agent: Agent | None = None
