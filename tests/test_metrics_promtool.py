@@ -57,7 +57,7 @@ def _stand_ins(metrics: Metrics) -> None:
                                      flops_per_iter=0.0, comm_s=0.0, period_s=0.0))],
             live_agents=lambda: {"h0": SimpleNamespace(jobs={"j": SimpleNamespace(
                 job_id="GPU_Job-1", tcp_ports_busy=9)})}),
-        watchers=2,
+        watchers=2, role="active", not_publishing="",
         replans=ReplanStats(Counter({"job arrived": 2, "measurement changed": 1}), 3,
                             {"GPU_Job-1": 1}))
     metrics.agent = SimpleNamespace(  # type: ignore[assignment]
@@ -65,7 +65,14 @@ def _stand_ins(metrics: Metrics) -> None:
         link=SimpleNamespace(reachable=True, rpc_errors=4),
         table=SimpleNamespace(header=lambda: SimpleNamespace(plan_generation=7)),
         rejected=1, server=SimpleNamespace(rejected=2, timed_out=5, accept_errors=6),
-        dataplane=SimpleNamespace(skipped_files=7, last_busy={"GPU_Job-1": 4}),
+        dataplane=SimpleNamespace(
+            skipped_files=7, last_busy={"GPU_Job-1": 4},
+            records=lambda: [SimpleNamespace(job_id="GPU_Job-1", counters={"applied": 6,
+                                                                           "no-entry": 2}),
+                             SimpleNamespace(job_id="GPU_Job-1", counters={"applied": 4,
+                                                                           "no-entry": 0})],
+            sock_records=[SimpleNamespace(job_id="j2", counters={"applied": 0,
+                                                                 "no-table": 3})]),
         first=SimpleNamespace(late=8))
 
 
@@ -113,6 +120,11 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
     assert re.search(r'^crux_build_info\{role="leader\+agent",version="[^"]+"\} 1.0$', text,
                      re.M), "build info"
     assert "_created" not in text
+    assert 'crux_leader_publishing{role="active"} 1.0' in text
+    # what the job-side libraries applied, per job and outcome, over its live processes
+    assert 'crux_agent_job_qp_connects{crux_job="GPU_Job-1",outcome="applied"} 10.0' in text
+    assert 'crux_agent_job_qp_connects{crux_job="GPU_Job-1",outcome="no-entry"} 2.0' in text
+    assert 'crux_agent_job_tcp_connects{crux_job="j2",outcome="no-table"} 3.0' in text
     assert "crux_job_intensity{" not in text, "the intensity carries its unit"
     assert types["crux_replans_total"] == "counter"
     assert 'crux_replans_total{cause="job arrived"} 2.0' in text
@@ -160,3 +172,22 @@ def test_promtool_accepts_a_live_daemons_metrics(tmp_path: Path) -> None:
             job.kill()
             job.wait()
         assert d.stop() == 0, d.log_text()[-2000:]
+
+
+@needs_promtool
+def test_the_alert_rules_load_and_fire_as_their_unit_tests_say() -> None:
+    """examples/prometheus/crux-alerts.yml: promtool's own check, and its unit tests
+    (crux-alerts.test.yml: a leader that stops publishing, an agent stuck behind, a job whose
+    QPs got nothing applied, ...) against the metric names the exporter renders."""
+    assert PROMTOOL is not None
+    rules = Path(__file__).resolve().parent.parent / "examples" / "prometheus"
+    for args in (["check", "rules", "crux-alerts.yml"], ["test", "rules", "crux-alerts.test.yml"]):
+        run = subprocess.run([PROMTOOL, *args], cwd=rules, capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 0, run.stdout + run.stderr
+    # every metric the rules use is one the exporter renders
+    text = _rendered()
+    used = set(re.findall(r"\b(crux_[a-z_]+)\b", (rules / "crux-alerts.yml").read_text()))
+    used -= {"crux_job"}  # the label
+    rendered = set(re.findall(r"^(crux_[a-z_]+)", text, re.M))
+    assert used <= rendered, used - rendered

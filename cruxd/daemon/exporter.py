@@ -90,6 +90,12 @@ def _leader_metrics(leader: Leader) -> Iterator[Metric]:
         paths.add_metric([a.job_id], len(a.routes))
     yield from (intensity, free, level, state, dscp, paths)
     yield from _job_figures(leader, {a.job_id for a in plan.jobs} if plan else set())
+    publishing = GaugeMetricFamily("crux_leader_publishing", "1 while this leader publishes "
+                                   "plans (active, or single, and etcd reachable); a standby "
+                                   "is 0 by role", labels=["role"])
+    publishing.add_metric([leader.role], 0.0 if leader.role == "standby"
+                          or leader.not_publishing else 1.0)
+    yield publishing
     yield GaugeMetricFamily("crux_plan_generation", "Current plan generation",
                             value=plan.generation if plan else 0)
     ages = GaugeMetricFamily("crux_agent_report_age_seconds",
@@ -146,7 +152,34 @@ def _job_figures(leader: Leader, planned: set[str]) -> Iterator[Metric]:
     yield from (work, comm, period)
 
 
+def _data_plane(agent: Agent) -> Iterator[Metric]:
+    """What the job-side libraries applied to the connections of each local job's live
+    processes, by outcome, from their records (QP records: the verbs wrapper; sock-<pid>:
+    the socket interposer). Gauges: a process that exits takes its counts with it."""
+    qps = GaugeMetricFamily("crux_agent_job_qp_connects", "RDMA QP connects the verbs wrapper "
+                            "intercepted in the job's live processes, by outcome (applied: "
+                            "steered; the rest: left as the job asked)",
+                            labels=["crux_job", "outcome"])
+    per_job: dict[tuple[str, str], int] = {}
+    for r in agent.dataplane.records():
+        for outcome, n in r.counters.items():
+            per_job[(r.job_id, outcome)] = per_job.get((r.job_id, outcome), 0) + n
+    for (job, outcome), n in sorted(per_job.items()):
+        qps.add_metric([job, outcome], n)
+    tcp = GaugeMetricFamily("crux_agent_job_tcp_connects", "TCP connects the socket "
+                            "interposer counted in the job's live processes, by outcome",
+                            labels=["crux_job", "outcome"])
+    per_job = {}
+    for c in agent.dataplane.sock_records:
+        for outcome, n in c.counters.items():
+            per_job[(c.job_id, outcome)] = per_job.get((c.job_id, outcome), 0) + n
+    for (job, outcome), n in sorted(per_job.items()):
+        tcp.add_metric([job, outcome], n)
+    yield from (qps, tcp)
+
+
 def _agent_metrics(agent: Agent) -> Iterator[Metric]:
+    yield from _data_plane(agent)
     yield GaugeMetricFamily("crux_agent_local_jobs", "Jobs registered on this host",
                             value=len(agent.registry.jobs()))
     yield GaugeMetricFamily("crux_agent_leader_reachable",
