@@ -25,6 +25,12 @@ class UsageError(CruxError):
     exit_status = 2
 
 
+class MissingExtra(UsageError):
+    """A command needs an optional extra that is not installed (`pip install 'crux[plot]'`):
+    the invocation asked for more than this install offers, exit status 2 like any usage
+    error, before any work is done."""
+
+
 class TopologyError(UsageError):
     """A topology that cannot be built as described."""
 

@@ -213,7 +213,7 @@ def test_plot_without_matplotlib_is_one_clear_line(
     monkeypatch.setattr("cruxd.cli.simulate_cmd.run_policies", no_simulation)
     png = tmp_path / "x.png"
     assert cruxctl.main(["simulate", str(EXAMPLES / "fig11-simulate.json"),
-                         "--plot", str(png)]) == 1
+                         "--plot", str(png)]) == 2  # a missing extra: a usage error
     out = capsys.readouterr()
     lines = out.err.splitlines()
     assert len(lines) == 1 and out.out == ""

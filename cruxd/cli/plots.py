@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cruxd.errors import CruxError, UsageError
+from cruxd.errors import MissingExtra, UsageError
 
 if TYPE_CHECKING:
     from cruxd.cli.simulate_cmd import Run
@@ -28,8 +28,8 @@ def need_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError as exc:  # missing, or broken (its message may span lines)
         why = (str(exc).splitlines() or ["cannot import it"])[0]
-        raise CruxError(f"needs matplotlib ({why}): pip install 'crux[plot]'",
-                        where="--plot") from None
+        raise MissingExtra(f"needs matplotlib ({why}): pip install 'crux[plot]'",
+                           where="--plot") from None
 
 
 def write_plot(path: Path, sc: Scenario, runs: list[Run]) -> None:
