@@ -49,3 +49,36 @@ def test_fixture_counters_and_replayed_gpus_recorded_again(
     assert again["samples"] == original["samples"][:len(again["samples"])]
     rc, out, _ = run(capsys, "--no-rdma", "--gpu", "none")
     assert rc == 0 and "net:eth0 at 20 Hz" in out and "no bursts" in out
+
+
+def test_progress_shows_on_a_terminal_and_nowhere_else(tmp_path: Path) -> None:
+    """A person at a terminal sees the window go by (stderr, a pty here); a script's pipe
+    gets the result alone."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    cmd = [str(Path(sys.executable).parent / "cruxctl"), "measure", "--sysfs",
+           str(FIXTURES / "sysfs"), "--window", "2", "--rate", "20", "--gpu", "none", "--json"]
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave, text=True)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0
+    assert b"sampling 2 counter(s)" in seen and b"/2 s" in seen
+    assert json.loads(out)["window_s"] >= 2  # stdout: the JSON alone
+    piped = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert piped.returncode == 0 and piped.stderr == ""

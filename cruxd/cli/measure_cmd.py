@@ -10,6 +10,8 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,6 +68,36 @@ def _gpu(args: argparse.Namespace) -> tuple[GpuBackend | None, str]:
     return (Recorder(backend) if args.record is not None else backend), ""
 
 
+@contextmanager
+def _progress(window_s: float, counters: int, done: threading.Event) -> Iterator[None]:
+    """A progress bar on stderr while the window is sampled, when stderr is a terminal
+    (a script's pipe gets nothing; --json's stdout is never touched)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn(f"sampling {counters} counter(s)"), BarColumn(),
+                   TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TimeRemainingColumn(),
+                   console=Console(stderr=True), transient=True)
+    task = bar.add_task("window", total=window_s)
+    t0 = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(0.25):
+            bar.update(task, completed=min(window_s, time.monotonic() - t0))
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    with bar:
+        ticker.start()
+        try:
+            yield
+        finally:
+            done.set()
+            ticker.join()
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
     from cruxd.measure.estimate import estimate_job
     from cruxd.measure.gpu_work import GpuSample
@@ -96,8 +128,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
     thread = threading.Thread(target=gpus, daemon=True)
     thread.start()
     t0 = time.monotonic()
-    series = Sampler(counters, args.rate).run(args.window)
-    stop.set()
+    with _progress(args.window, len(counters), stop):
+        series = Sampler(counters, args.rate).run(args.window)
+        stop.set()
     thread.join()
     import numpy as np
 
