@@ -15,7 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cruxd import __version__
-from cruxd.cli import hints_cmd, live_cmd, measure_cmd, place_cmd, probe_cmd, table_cmd
+from cruxd.cli import (
+    completion_cmd,
+    hints_cmd,
+    live_cmd,
+    measure_cmd,
+    place_cmd,
+    probe_cmd,
+    table_cmd,
+)
 from cruxd.cli.common import DEFAULT_SCENARIO
 from cruxd.cli.common import console as _console
 from cruxd.cli.common import resolve_scenario as _resolve
@@ -99,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     hints_cmd.add_parser(sub)
     place_cmd.add_parser(sub)
     table_cmd.add_parser(sub)
+    completion_cmd.add_parser(sub)
     return p
 
 
@@ -177,7 +186,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "plan": cmd_plan, "simulate": cmd_simulate, "status": live_cmd.cmd_status,
     "jobs": live_cmd.cmd_jobs, "probe": probe_cmd.cmd_probe, "measure": measure_cmd.cmd_measure,
-    "table": table_cmd.cmd_table,
+    "table": table_cmd.cmd_table, "completion": completion_cmd.cmd_completion,
     "hints": hints_cmd.cmd_hints, "place": place_cmd.cmd_place}
 
 
