@@ -291,6 +291,7 @@ def test_join_arrive_grow_leave_end() -> None:
     assert s.jobs["a"].expired_at is None
     assert s.ingest(report("h0"), 4) == ["job left host: a on h0", "job ended: a"]
     assert s.jobs["a"].expired_at == 4
+    assert s.jobs["a"].ended  # it finished: status reads "ended", not "expired"
 
 
 def test_nic_and_path_changes_are_causes() -> None:
@@ -395,7 +396,8 @@ def test_expiry_and_forgetting() -> None:
     assert s.jobs["a"].profile == "done"
     assert s.next_deadline() == 10.0
     assert s.expire(10.0) == []  # exactly the timeout: not yet
-    assert s.expire(10.5) == ["agent expired: h0", "job ended: a"]
+    assert s.expire(10.5) == ["agent expired: h0", "job lost: a (no live agent reports it)"]
+    assert not s.jobs["a"].ended  # it went with its host's agent: lost, not ended
     assert s.agents["h0"].expired and s.agents["h0"].jobs == {}
     assert s.live_agents() == {} and s.merged_jobs() == []
     keep = KEEP_EXPIRED_TIMEOUTS * 10.0

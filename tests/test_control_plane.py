@@ -148,6 +148,8 @@ def test_plan_reaches_tables_survives_leader_restart_and_drops_ended_jobs(rig) -
     assert "big" in jobs_in(agents["h0"])
     log = leader.log_text()
     assert "job ended: small" in log
+    small = [j for j in status(agents["h0"].socket)["cluster"]["jobs"] if j["job_id"] == "small"]
+    assert all(j["note"].startswith("ended") for j in small), small  # finished, not lost
 
     # an agent restart keeps the running job: registration, table entries, plan
     h0_before = table(agents["h0"])

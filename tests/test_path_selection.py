@@ -164,3 +164,20 @@ def test_status_says_the_fabric_routes_in_text_and_json() -> None:
     console = Console(record=True, width=200)
     print_status(console, None, cpb.ClusterStatus(leader_host="h0", levels=4), 0.0)
     assert "paths: steered by crux" in console.export_text()  # "": a leader before the key
+
+
+def test_status_reads_a_finished_job_as_ended_and_tags_each_t_j() -> None:
+    from cruxd.control.records import ENDED_NOTE, LOST_NOTE
+
+    jobs = [cpb.JobDecision(job_id="done", state=4, note=ENDED_NOTE),
+            cpb.JobDecision(job_id="gone", state=4, note=LOST_NOTE),
+            cpb.JobDecision(job_id="live", state=2, measurement=cpb.JobMeasurement(
+                comm_s=0.05, source="nvml+nccl"))]
+    console = Console(record=True, width=250)
+    print_status(console, None, cpb.ClusterStatus(leader_host="h0", levels=4, jobs=jobs), 0.0)
+    text = console.export_text()
+    rows = {line.split("│")[1].strip(): line for line in text.splitlines()
+            if line.count("│") > 3 and line.split("│")[1].strip() in ("done", "gone", "live")}
+    assert "ended" in rows["done"] and "expired" not in rows["done"]
+    assert "expired" in rows["gone"]
+    assert "(nccl)" in text  # where live's t_j came from

@@ -94,7 +94,7 @@ def test_a_host_with_a_stream_open_never_expires_and_one_without_does() -> None:
     s.stream_closed("h0", 1000.0)  # the grace starts when the stream ends
     assert s.next_deadline() == 1010.0
     assert s.expire(1009.0) == []
-    assert s.expire(1010.5) == ["agent expired: h0", "job ended: a"]
+    assert s.expire(1010.5) == ["agent expired: h0", "job lost: a (no live agent reports it)"]
 
 
 def test_two_streams_count_until_both_end() -> None:

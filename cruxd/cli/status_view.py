@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from cruxd.control.records import ENDED_NOTE
+
 STATES = {0: "?", 1: "profiling", 2: "scheduled", 3: "queued", 4: "expired", 5: "unmeasured"}
 # ClusterStatus.path_selection ([leader] path_selection), for people
 PATHS = {"crux": "steered by crux (probed source ports onto planned paths) and DSCP",
@@ -127,6 +129,8 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
         jobs.add_column(col)
     for j in cluster.jobs:
         state = STATES.get(j.state, str(j.state)) + (f"\n({j.note})" if j.note else "")
+        if j.note == ENDED_NOTE:  # expired because it finished: say so, briefly
+            state = "ended"
         qps = f"{j.qps_applied}/{j.qps_total}" if j.qps_total else "no shim report"
         m = j.measurement
         jobs.add_row(j.job_id, state, ",".join(j.hosts), str(j.gpus), _num(m.flops_per_iter),

@@ -50,6 +50,9 @@ class JobRecord:
     profile: str = "queued"  # queued -> profiling -> done
     profiling_until: float = 0.0
     expired_at: float | None = None
+    # how it left: its hosts' agents stopped reporting it while they lived (it ended), or it
+    # went with them (their agents expired: lost, perhaps still running)
+    ended: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +182,7 @@ class ClusterState:
             record = self.jobs.get(jid)
             if record is not None and record.expired_at is None and not any(
                     jid in rec.jobs for rec in self.agents.values() if not rec.expired):
-                record.expired_at = now
+                record.expired_at, record.ended = now, True
                 causes.append(f"job ended: {jid}")
         return causes
 
@@ -347,7 +350,7 @@ class ClusterState:
         for jid, job in self.jobs.items():
             if job.expired_at is None and jid not in present:
                 job.expired_at = now
-                causes.append(f"job ended: {jid}")
+                causes.append(f"job lost: {jid} (no live agent reports it)")
         return causes
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cruxd import __version__
-from cruxd.control.records import JobAssignment, JobState
+from cruxd.control.records import ENDED_NOTE, LOST_NOTE, JobAssignment, JobState
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 
@@ -44,7 +44,8 @@ def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
     for jid, job in sorted(st.jobs.items()):
         decided = planned.get(jid)
         if job.expired_at is not None:
-            decided = JobAssignment(jid, JobState.EXPIRED, note="no agent reports it")
+            decided = JobAssignment(jid, JobState.EXPIRED,
+                                    note=ENDED_NOTE if job.ended else LOST_NOTE)
         elif decided is None:
             decided = JobAssignment(jid, JobState.QUEUED, note="waiting for the next plan")
         msg = convert.assignment_to_pb(decided)
