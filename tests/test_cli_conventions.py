@@ -228,3 +228,26 @@ def test_matplotlib_is_an_extra() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert not any(d.startswith("matplotlib") for d in project["dependencies"])
     assert any(d.startswith("matplotlib") for d in project["optional-dependencies"]["plot"])
+
+
+# --- (e) --json: plain JSON values -----------------------------------------------------------
+
+
+def test_json_has_numbers_lower_case_states_and_one_infinity() -> None:
+    """64-bit integers are numbers (protobuf's own mapping writes "18"), states are "expired"
+    (not JOB_STATE_EXPIRED), and an infinite I_j is null, as in `cruxctl plan --json`."""
+    import json
+
+    from cruxd.cli.live_cmd import to_json
+    from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+
+    status = cpb.ClusterStatus(plan_generation=18, jobs=[
+        cpb.JobDecision(job_id="a", state=cpb.JOB_STATE_EXPIRED, intensity=float("inf"),
+                        qps_total=5, measurement=cpb.JobMeasurement(comm_s=0.25)),
+        cpb.JobDecision(job_id="b", state=cpb.JOB_STATE_SCHEDULED, intensity=2.5e14)])
+    doc = json.loads(json.dumps(to_json(status), allow_nan=False))  # valid JSON as it is
+    assert doc["plan_generation"] == 18
+    a, b = doc["jobs"]
+    assert (a["state"], a["intensity"], a["qps_total"]) == ("expired", None, 5)
+    assert a["measurement"]["comm_s"] == 0.25 and "measurement" not in b  # unset: absent
+    assert (b["state"], b["intensity"], b["routes"]) == ("scheduled", 2.5e14, [])

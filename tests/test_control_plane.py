@@ -110,7 +110,7 @@ def test_plan_reaches_tables_survives_leader_restart_and_drops_ended_jobs(rig) -
     assert doc["agent"]["leader_reachable"] is True
     assert sorted(a["host_id"] for a in cluster["agents"]) == HOSTS
     by_id = {j["job_id"]: j for j in cluster["jobs"]}
-    assert by_id["big"]["state"] == "JOB_STATE_SCHEDULED"
+    assert by_id["big"]["state"] == "scheduled"
     assert by_id["big"]["hosts"] == ["h0", "h1"]
     assert by_id["big"]["level"] == big.level and by_id["big"]["dscp"] == big.dscp
     assert int(cluster["plan_generation"]) >= gen
@@ -143,7 +143,7 @@ def test_plan_reaches_tables_survives_leader_restart_and_drops_ended_jobs(rig) -
         wait_for(f"small to leave {h}'s table", lambda h=h: "small" not in jobs_in(agents[h]))
     def small_gone() -> bool:
         jobs_now = {j["job_id"]: j for j in status(agents["h0"].socket)["cluster"]["jobs"]}
-        return "small" not in jobs_now or jobs_now["small"]["state"] == "JOB_STATE_EXPIRED"
+        return "small" not in jobs_now or jobs_now["small"]["state"] == "expired"
     wait_for("small to leave the plan", small_gone)
     assert "big" in jobs_in(agents["h0"])
     log = leader.log_text()

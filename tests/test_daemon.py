@@ -144,16 +144,16 @@ def test_profiling_window_gives_the_new_job_the_top_level_alone(tmp_path: Path) 
     jobs = [crux_run(d.socket, "old", "--flops-per-iter", "1e16")]
     try:
         wait_for("old scheduled", lambda: [j["state"] for j in status(d.socket)["cluster"]["jobs"]]
-                 == ["JOB_STATE_SCHEDULED"], timeout=30)
+                 == ["scheduled"], timeout=30)
         jobs.append(crux_run(d.socket, "new", "--flops-per-iter", "1e12"))
         def profiling() -> dict[str, dict[str, object]] | None:
             js = {j["job_id"]: j for j in status(d.socket)["cluster"]["jobs"]}
-            return js if js.get("new", {}).get("state") == "JOB_STATE_PROFILING" else None
+            return js if js.get("new", {}).get("state") == "profiling" else None
         js = wait_for("new in profiling", profiling)
         assert js["new"]["level"] == 2 and js["old"]["level"] < 2
         wait_for("new scheduled after its window", lambda: {
             j["job_id"]: j["state"] for j in status(d.socket)["cluster"]["jobs"]}
-            == {"old": "JOB_STATE_SCHEDULED", "new": "JOB_STATE_SCHEDULED"})
+            == {"old": "scheduled", "new": "scheduled"})
         assert "profiling done: new" in d.log_text()
     finally:
         for j in jobs:

@@ -64,8 +64,8 @@ def h0(leader: Daemon) -> dict[str, Any]:
 
 
 def planned(leader: Daemon, job: str) -> bool:
-    return any(j["job_id"] == job and j["state"] not in ("JOB_STATE_EXPIRED",
-                                                          "JOB_STATE_QUEUED")
+    return any(j["job_id"] == job and j["state"] not in ("expired",
+                                                          "queued")
                for j in cluster(leader).get("jobs", []))
 
 
@@ -108,7 +108,7 @@ def test_a_stopped_agent_expires_by_keepalive_and_comes_back(
                            timeout=1.5 * KEEPALIVE_S + TIMEOUT_S + 10)
         assert expired
         states = {j["job_id"]: j["state"] for j in cluster(leader)["jobs"]}
-        assert states["j1"] == "JOB_STATE_EXPIRED"
+        assert states["j1"] == "expired"
         agent.send(signal.SIGCONT)  # its stream failed: it reports on a new one
         wait_for("h0 back", lambda: (a := h0(leader)).get("connected")
                  and not a.get("expired"), timeout=20)

@@ -79,7 +79,7 @@ def test_agents_measure_job_in_profiling_window_and_leader_plans_with_it(
                     return None
                 if not states or states[-1] != j["state"]:
                     states.append(j["state"])
-                done = "JOB_STATE_PROFILING" in states and j["state"] == "JOB_STATE_SCHEDULED"
+                done = "profiling" in states and j["state"] == "scheduled"
                 return j if done else None
 
             j = wait_for("the job profiled, then scheduled", scheduled_after_profiling,

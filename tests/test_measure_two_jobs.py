@@ -79,7 +79,7 @@ def test_two_tcp_jobs_on_one_host_pair_are_planned_with_their_own_period_and_t_j
                     j = jobs.get(jid)
                     if j is not None and (not seen or seen[-1] != j["state"]):
                         seen.append(j["state"])
-                done = all("JOB_STATE_PROFILING" in seen and seen[-1] == "JOB_STATE_SCHEDULED"
+                done = all("profiling" in seen and seen[-1] == "scheduled"
                            for seen in states.values())
                 return jobs if done else None
 

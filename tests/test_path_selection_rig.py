@@ -55,7 +55,7 @@ class Capture(Tcpdump):
 def job_decided(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The job once scheduled on both hosts, as the leader shows it."""
     for j in (doc.get("cluster") or {}).get("jobs", []):
-        if j["job_id"] == "job" and j.get("state") == "JOB_STATE_SCHEDULED" \
+        if j["job_id"] == "job" and j.get("state") == "scheduled" \
                 and len(j.get("hosts", [])) == 2:
             return j
     return None

@@ -43,7 +43,7 @@ def routes_by_job(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | None
     jobs = {j["job_id"]: j for j in cluster.get("jobs", [])}
     if set(jobs) != {"big", "small"}:
         return None
-    if any(j.get("state") != "JOB_STATE_SCHEDULED" or len(j.get("routes", [])) != 2
+    if any(j.get("state") != "scheduled" or len(j.get("routes", [])) != 2
            or not all(r.get("sport") for r in j["routes"]) for j in jobs.values()):
         return None
     return {jid: j["routes"] for jid, j in jobs.items()}

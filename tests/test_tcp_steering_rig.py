@@ -41,7 +41,7 @@ def routes_with_tcp(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | No
         return None
     for j in jobs.values():
         rs = j.get("routes", [])
-        if j.get("state") != "JOB_STATE_SCHEDULED" or len(rs) != 2 or not all(
+        if j.get("state") != "scheduled" or len(rs) != 2 or not all(
                 r.get("sport") and r.get("tcp_dport") == DPORT
                 and len(r.get("tcp_sports", [])) == 8 for r in rs):
             return None

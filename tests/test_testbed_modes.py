@@ -98,7 +98,7 @@ def test_a_plan_counts_as_ready_only_with_ports_toward_each_jobs_own_port() -> N
 
     def doc(port_a: int, port_b: int, sports: list[int]) -> dict[str, object]:
         return {"cluster": {"jobs": [
-            {"job_id": j, "state": "JOB_STATE_SCHEDULED",
+            {"job_id": j, "state": "scheduled",
              "routes": [{"sport": 49152, "tcp_dport": p, "tcp_sports": sports}] * 2}
             for j, p in (("a", port_a), ("b", port_b))]}}
     assert planned(doc(RING_PORT, RING_PORT + 1, [40001]), (a, b)) is not None

@@ -93,7 +93,7 @@ def pair(tmp_path: Path) -> Iterator[tuple[Daemon, str, str]]:
         d.wait_log(" applied: ")  # the agent is up and has the leader's token
         job = crux_run(d.socket, "real", "--gpus", "8", "--flops-per-iter", "1e15")
         wait_for("the real job scheduled", lambda: [
-            j["state"] for j in status(d.socket)["cluster"]["jobs"]] == ["JOB_STATE_SCHEDULED"])
+            j["state"] for j in status(d.socket)["cluster"]["jobs"]] == ["scheduled"])
         yield d, address, url
     finally:
         if job is not None:

@@ -1,21 +1,22 @@
 """cruxctl's live commands: status, jobs and plan --live, from the running daemons.
 
 They ask the local agent over its Unix socket (the agent adds the leader's view),
-or the leader directly with --leader. JSON output is the protobuf messages in
-their canonical JSON mapping (field names as in proto/crux/v1), so scripts can
+or the leader directly with --leader. JSON output is the protobuf messages with the field
+names of proto/crux/v1, every field present, in plain JSON values (`to_json`), so scripts can
 rely on the schema.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from cruxd.errors import CruxError, UsageError
@@ -69,8 +70,45 @@ def socket_path(args: argparse.Namespace) -> str:
 
 
 def to_json(msg: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
+    """`msg` as plain JSON values, unlike protobuf's own JSON mapping: 64-bit integers as
+    numbers (not strings), enum values as their lower-case names without the type's prefix
+    (JOB_STATE_EXPIRED: "expired"), a float that is not finite (a network-free job's
+    infinite I_j) as null, as `cruxctl plan --json` writes it. Every field is present but a
+    message field that is not set (absent, as protobuf's mapping has it) and the members of a
+    oneof that are not set."""
+    out: dict[str, Any] = {}
+    for f in msg.DESCRIPTOR.fields:
+        if f.containing_oneof is not None and msg.WhichOneof(f.containing_oneof.name) != f.name:
+            continue
+        value = getattr(msg, f.name)
+        kind = f.message_type
+        if kind is not None and kind.GetOptions().map_entry:
+            item = kind.fields_by_name["value"]
+            out[f.name] = {str(k): _value(item, v) for k, v in value.items()}
+        elif f.is_repeated:
+            out[f.name] = [_value(f, v) for v in value]
+        elif f.type == f.TYPE_MESSAGE and not msg.HasField(f.name):
+            continue
+        else:
+            out[f.name] = _value(f, value)
+    return out
+
+
+def _value(f: Any, v: Any) -> Any:
+    if f.type == f.TYPE_MESSAGE:
+        return to_json(v)
+    if f.type == f.TYPE_ENUM:
+        value = f.enum_type.values_by_number.get(v)
+        if value is None:
+            return v  # a newer peer's value: the number
+        prefix = "".join(f"_{c}" if c.isupper() else c.upper()
+                         for c in f.enum_type.name).lstrip("_") + "_"
+        return str(value.name).removeprefix(prefix).lower()
+    if f.type in (f.TYPE_DOUBLE, f.TYPE_FLOAT):
+        return v if math.isfinite(v) else None
+    if f.type == f.TYPE_BYTES:
+        return base64.b64encode(v).decode()
+    return v
 
 
 def local(args: argparse.Namespace, body: str, **fields: Any) -> Any:

@@ -170,7 +170,7 @@ def planned(doc: dict[str, Any], jobs: tuple[EmuJob, ...], profiled: bool = Fals
     have = {j["job_id"]: j for j in (doc.get("cluster") or {}).get("jobs", [])}
     for job in jobs:
         j = have.get(job.id)
-        if j is None or j.get("state") != "JOB_STATE_SCHEDULED":
+        if j is None or j.get("state") != "scheduled":
             return None
         sources = str((j.get("measurement") or {}).get("source", "")).split(",")
         if profiled and not {"nvml+nic", "nvml+sock"} & set(sources):
@@ -234,7 +234,7 @@ def run_crux(layout: Layout, workdir: Path, duration_s: float, levels: int, live
             job = next(j for j in layout.jobs if j.id == event.job)
             if event.kind == "arrive":
                 return planned(doc, (job,), profiled=live, steered=steered) is not None
-            return not any(j["job_id"] == job.id and j.get("state") == "JOB_STATE_SCHEDULED"
+            return not any(j["job_id"] == job.id and j.get("state") == "scheduled"
                            for j in (doc.get("cluster") or {}).get("jobs", []))
 
         with running(daemons, "agent h") as procs:  # killed on the way out, whatever happens
