@@ -10,7 +10,7 @@ from typing import TextIO
 from rich.console import Console
 
 from cruxd.errors import UsageError
-from cruxd.scenario import bundled, bundled_names
+from cruxd.scenario.bundled import bundled, bundled_names
 
 DEFAULT_SCENARIO = "testbed96"
 

@@ -29,7 +29,7 @@ from cruxd.cli.common import console as _console
 from cruxd.cli.common import resolve_scenario as _resolve
 from cruxd.cli.exits import run_command
 from cruxd.errors import PlanningError, ScenarioError, UsageError
-from cruxd.scenario import bundled_names, load_scenario
+from cruxd.scenario.bundled import bundled_names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,6 +124,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.levels is not None and args.levels < 1:
         raise UsageError("--levels must be >= 1")
+    from cruxd.scenario import load_scenario
+
     path = _resolve(args.scenario)
     sc = load_scenario(path, levels=args.levels)
     start = time.perf_counter()
@@ -151,6 +153,7 @@ def _policy_list(arg: str | None) -> list[str] | None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from cruxd.cli.simulate_cmd import print_simulation, run_policies, simulate_json
+    from cruxd.scenario import load_scenario
     from cruxd.scenario.simulation import simulation_of
 
     path = _resolve(args.scenario)

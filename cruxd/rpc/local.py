@@ -4,7 +4,6 @@ blocking client for crux-run and cruxctl (short-lived, one call each)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import grp
 import os
@@ -14,23 +13,27 @@ import socket
 import struct
 import time
 from pathlib import Path
-
-import grpc
+from typing import TYPE_CHECKING
 
 from cruxd.errors import CruxError
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 
+if TYPE_CHECKING:
+    import asyncio
+
 MAX_FRAME = 4 << 20  # a reply (a cluster's status can be large)
 # A request: a registration's job id, hints and 256-character command line need far less.
 # Bounded apart from replies, as every connected user can make the agent hold one.
 MAX_REQUEST = 64 << 10
-# Error codes on the socket are gRPC's status numbers, so both edges speak one vocabulary.
-INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
-PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
-RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+# Error codes on the socket are gRPC's status numbers (fixed by its spec, and checked against
+# grpc.StatusCode in tests/test_cli_conventions.py), so both edges speak one vocabulary;
+# written out, so that a client (cruxctl jobs, crux-run) does not import grpc for them.
+INVALID_ARGUMENT = 3
+NOT_FOUND = 5
+PERMISSION_DENIED = 7
+RESOURCE_EXHAUSTED = 8
+UNAVAILABLE = 14
 _LEN = struct.Struct(">I")
 RETRY_MAX_MS = 250  # the longest wait between two tries of a refusal that passes
 BUSY_RETRY_MS = 20  # the first wait after a full listen queue
@@ -42,6 +45,8 @@ class FrameError(CruxError):
 
 async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME) -> bytes | None:
     """The next frame's payload (at most `limit` bytes), or None at a clean end of stream."""
+    import asyncio  # the agent's side only: clients never load it for this module
+
     try:
         head = await reader.readexactly(_LEN.size)
     except asyncio.IncompleteReadError as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +11,14 @@ from cruxd.errors import ScenarioError, UsageError
 from cruxd.model.jobs import FlowSpec, Job, ring_allreduce
 from cruxd.model.topology import Topology
 from cruxd.model.view import ClusterView, DiscoveredPath
+from cruxd.scenario.bundled import bundled, bundled_names
 from cruxd.scenario.cursor import Cursor, load_document
 from cruxd.scenario.fabric_section import parse_topology
 from cruxd.scenario.simulation import JOB_FIELDS, SimulationSpec, parse_simulation
 from cruxd.scheduler.planner import PlanConfig
 from transport.roce import ROCE_SPORT_MAX, ROCE_SPORT_MIN
+
+__all__ = ["Scenario", "bundled", "bundled_names", "load_scenario", "parse_scenario"]
 
 DEFAULT_GPU_TFLOPS = 100.0  # W_j default: GPUs x compute_s x this (A100-class, ~1/3 of peak)
 
@@ -34,17 +36,6 @@ class Scenario:
     config: PlanConfig
     source: str
     simulation: SimulationSpec = field(default_factory=SimulationSpec)  # cruxctl simulate
-
-
-def bundled(name: str) -> Path | None:
-    """A scenario shipped with crux (`cruxd/data/scenarios/NAME.json`), if any."""
-    res = resources.files("cruxd.data").joinpath("scenarios", f"{name}.json")
-    return Path(str(res)) if res.is_file() else None
-
-
-def bundled_names() -> list[str]:
-    folder = resources.files("cruxd.data").joinpath("scenarios")
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
 def load_scenario(path: str | Path, *, levels: int | None = None) -> Scenario:
