@@ -167,7 +167,7 @@ def test_status_says_the_fabric_routes_in_text_and_json() -> None:
 
 
 def test_status_reads_a_finished_job_as_ended_and_tags_each_t_j() -> None:
-    from cruxd.control.records import ENDED_NOTE, LOST_NOTE
+    from cruxd.control.job_notes import ENDED_NOTE, LOST_NOTE
 
     jobs = [cpb.JobDecision(job_id="done", state=4, note=ENDED_NOTE),
             cpb.JobDecision(job_id="gone", state=4, note=LOST_NOTE),

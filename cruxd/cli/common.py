@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TextIO
-
-from rich.console import Console
+from typing import TYPE_CHECKING, TextIO
 
 from cruxd.errors import UsageError
-from cruxd.scenario.bundled import bundled, bundled_names
+from cruxd.scenario.shipped import bundled, bundled_names
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_SCENARIO = "testbed96"
 
@@ -42,6 +43,8 @@ def console(stderr: bool = False) -> Console:
     style: rich's own NO_COLOR handling drops colours but keeps bold and dim, and with no
     colour system rich writes no escape codes at all.
     """
+    from rich.console import Console  # here: commands that print JSON never load rich
+
     env = os.environ
     wide = not _isatty(sys.stderr if stderr else sys.stdout) and not env.get(
         "COLUMNS", "").isdigit()

@@ -29,7 +29,7 @@ from cruxd.cli.common import console as _console
 from cruxd.cli.common import resolve_scenario as _resolve
 from cruxd.cli.exits import run_command
 from cruxd.errors import PlanningError, ScenarioError, UsageError
-from cruxd.scenario.bundled import bundled_names
+from cruxd.scenario.shipped import bundled_names
 
 
 def _parser() -> argparse.ArgumentParser:

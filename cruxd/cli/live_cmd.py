@@ -169,8 +169,6 @@ def leader_call(args: argparse.Namespace, method: str, request: Any = None) -> A
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from cruxd.cli.status_view import print_status
-
     if args.leader:
         cluster = leader_call(args, "Status")
         doc: dict[str, Any] = {"agent": None, "cluster": to_json(cluster)}
@@ -184,22 +182,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
-    else:
+    else:  # the tables (rich) only for people: --json stays quick
         from cruxd.cli.common import console as _console
+        from cruxd.cli.status_view import print_status
 
         print_status(_console(), agent, cluster, time.time())
     return 0
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from cruxd.cli.status_view import print_jobs
-
     reply = local(args, "jobs")
     if args.json:
         json.dump(to_json(reply.jobs), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         from cruxd.cli.common import console as _console
+        from cruxd.cli.status_view import print_jobs
 
         print_jobs(_console(), list(reply.jobs.jobs))
     return 0

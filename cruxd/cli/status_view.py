@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cruxd.control.records import ENDED_NOTE
+from cruxd.control.job_notes import ENDED_NOTE
 
 STATES = {0: "?", 1: "profiling", 2: "scheduled", 3: "queued", 4: "expired", 5: "unmeasured"}
 # ClusterStatus.path_selection ([leader] path_selection), for people

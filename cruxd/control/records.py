@@ -24,10 +24,6 @@ class JobState(IntEnum):
         return self.name.lower()
 
 
-# JobAssignment.note of an expired job, by how it left (cruxd/leader/status.py): the status
-# of a job that finished reads "ended", not "expired"
-ENDED_NOTE = "ended: the hosts that ran it no longer report it"
-LOST_NOTE = "lost: every host that reported it went silent (it may still run)"
 # Measurement.source of figures a job declared at registration: nobody measured them
 DECLARED_SOURCE = "hints"
 # Who picks the fabric path of a job's traffic ([leader] path_selection): crux, by the source

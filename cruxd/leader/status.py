@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cruxd import __version__
-from cruxd.control.records import ENDED_NOTE, LOST_NOTE, JobAssignment, JobState
+from cruxd.control.job_notes import ENDED_NOTE, LOST_NOTE
+from cruxd.control.records import JobAssignment, JobState
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 

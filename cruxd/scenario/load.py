@@ -11,9 +11,9 @@ from cruxd.errors import ScenarioError, UsageError
 from cruxd.model.jobs import FlowSpec, Job, ring_allreduce
 from cruxd.model.topology import Topology
 from cruxd.model.view import ClusterView, DiscoveredPath
-from cruxd.scenario.bundled import bundled, bundled_names
 from cruxd.scenario.cursor import Cursor, load_document
 from cruxd.scenario.fabric_section import parse_topology
+from cruxd.scenario.shipped import bundled, bundled_names
 from cruxd.scenario.simulation import JOB_FIELDS, SimulationSpec, parse_simulation
 from cruxd.scheduler.planner import PlanConfig
 from transport.roce import ROCE_SPORT_MAX, ROCE_SPORT_MIN
