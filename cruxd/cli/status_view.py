@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from cruxd.cli import status_narrow
 from cruxd.control.job_notes import ENDED_NOTE
 
 STATES = {0: "?", 1: "profiling", 2: "scheduled", 3: "queued", 4: "expired", 5: "unmeasured"}
@@ -107,41 +108,61 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
         kinds = sorted(cluster.replans.items(), key=lambda kv: (-kv[1], kv[0]))
         console.print(f"  re-plans: {', '.join(f'{k} {n}' for k, n in kinds) or 'none'}; "
                       f"{cluster.plans_unchanged} plan(s) changed no decision")
-    agents = Table(title="agents", title_justify="left")
-    for col in ("host", "version", "heard", "GPUs", "addresses", "measurement",
-                "probing", "applied plan"):
-        agents.add_column(col)
-    for a in cluster.agents:
-        # a connected agent reports only on change: its last report's age says nothing
-        age = ("[red]expired[/]" if a.expired else "connected" if a.connected
-               else f"{_age(a.last_report_age_s)} ago, no stream")
-        agents.add_row(a.host_id, a.version, age, str(a.gpus), ", ".join(a.addresses) or "-",
-                       a.measurement_source, a.probing_source, str(a.applied_generation))
-    console.print(agents)
+    narrow = console.width < status_narrow.NARROW
+    if narrow:
+        status_narrow.agents(console, list(cluster.agents), _heard)
+    else:
+        agents = Table(title="agents", title_justify="left")
+        for col in ("host", "version", "heard", "GPUs", "addresses", "measurement",
+                    "probing", "applied plan"):
+            agents.add_column(col)
+        for a in cluster.agents:
+            agents.add_row(a.host_id, a.version, _heard(a), str(a.gpus),
+                           ", ".join(a.addresses) or "-", a.measurement_source,
+                           a.probing_source, str(a.applied_generation))
+        console.print(agents)
     probed = [(a.host_id, a.peers) for a in cluster.agents if a.peers]
     if probed:
         console.print(_peers(probed, now))
     if any(a.links for a in cluster.agents):
         console.print(_links(cluster.agents))
+    if narrow:
+        status_narrow.jobs(console, list(cluster.jobs), _state, _num, source_tag,
+                           lambda j: _routes(j, mode == "fabric"))
+    else:
+        _jobs_table(console, cluster.jobs, mode == "fabric")
+    for j in cluster.jobs:
+        if j.tcp_ports_busy:
+            console.print(_ports_busy(j.job_id, j.tcp_ports_busy))
+
+
+def _heard(a: Any) -> str:
+    """A connected agent reports only on change: its last report's age says nothing."""
+    return ("[red]expired[/]" if a.expired else "connected" if a.connected
+            else f"{_age(a.last_report_age_s)} ago, no stream")
+
+
+def _state(j: Any) -> str:
+    if j.note == ENDED_NOTE:  # expired because it finished: say so, briefly
+        return "ended"
+    return STATES.get(j.state, str(j.state)) + (f" ({j.note})" if j.note else "")
+
+
+def _jobs_table(console: Console, rows: Any, fabric: bool) -> None:
     jobs = Table(title="jobs", title_justify="left")
     for col in ("job", "state", "hosts", "GPUs", "W_j FLOP", "t_j s (from)", "period s", "I_j",
                 "k_j", "rank", "level", "DSCP", "paths", "QPs applied", "changes"):
         jobs.add_column(col)
-    for j in cluster.jobs:
-        state = STATES.get(j.state, str(j.state)) + (f"\n({j.note})" if j.note else "")
-        if j.note == ENDED_NOTE:  # expired because it finished: say so, briefly
-            state = "ended"
+    for j in rows:
+        state = _state(j).replace(" (", "\n(", 1)
         qps = f"{j.qps_applied}/{j.qps_total}" if j.qps_total else "no shim report"
         m = j.measurement
         jobs.add_row(j.job_id, state, ",".join(j.hosts), str(j.gpus), _num(m.flops_per_iter),
                      f"{_num(m.comm_s)}\n({source_tag(m.source)})" if m.source else
                      _num(m.comm_s), _num(m.period_s), _num(j.intensity), _num(j.k),
-                     str(j.rank), str(j.level), str(j.dscp), _routes(j, mode == "fabric"), qps,
+                     str(j.rank), str(j.level), str(j.dscp), _routes(j, fabric), qps,
                      str(j.decision_changes))
     console.print(jobs)
-    for j in cluster.jobs:
-        if j.tcp_ports_busy:
-            console.print(_ports_busy(j.job_id, j.tcp_ports_busy))
 
 
 def _ports_busy(job: str, n: int) -> str:
