@@ -139,6 +139,19 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
         assert re.search(rf"^{family}\b", text, re.M), f"{family} missing"
 
 
+def test_a_second_job_label_for_joins_with_dcgm() -> None:
+    m = Metrics()
+    _stand_ins(m)
+    m.job_label = "hpc_job"
+    text = generate_latest(m.registry).decode()
+    assert 'crux_job_level{crux_job="GPU_Job-1",hpc_job="GPU_Job-1"} 3.0' in text
+    assert ('crux_agent_job_qp_connects{crux_job="GPU_Job-1",hpc_job="GPU_Job-1",'
+            'outcome="applied"} 10.0') in text
+    assert "crux_plan_generation 7.0" in text  # series without a job are left as they are
+    if PROMTOOL is not None:
+        _promtool(text)
+
+
 @needs_promtool
 def test_promtool_accepts_the_rendered_registry() -> None:
     _promtool(_rendered())

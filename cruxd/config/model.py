@@ -24,6 +24,7 @@ LIVE_KEYS = frozenset({
     "leader.change_threshold", "leader.change_hold_s", "leader.failure_settle_s",
     "leader.job_settle_s", "leader.tie_tolerance",
     "leader.agent_timeout_s",
+    "metrics.job_label",
 })
 
 
@@ -165,6 +166,9 @@ class ControlConfig:
 @dataclass(frozen=True, slots=True)
 class MetricsConfig:
     listen: str | None  # None: no metrics endpoint
+    # a second label with each job's id on every per-job series, for joins with exporters
+    # that name jobs their own way (DCGM's hpc_job under Slurm, pod under Kubernetes)
+    job_label: str = ""
 
 
 @dataclass(frozen=True, slots=True)

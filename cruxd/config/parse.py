@@ -341,7 +341,14 @@ def _metrics(m: Section, leader_listen: str | None) -> MetricsConfig:
     listen = m.hostport("listen", "127.0.0.1:9477", min_port=0, optional=True) or None
     if listen and leader_listen and _clash(listen, leader_listen):
         raise m.error("listen", f"{listen} is also leader.listen ({leader_listen})")
-    return MetricsConfig(listen=listen)
+    label = m.string("job_label", "")
+    if label and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", label):
+        raise m.error("job_label", f"{label!r} is not a Prometheus label name "
+                                   "([A-Za-z_][A-Za-z0-9_]*)")
+    if label.startswith("__") or label in ("crux_job", "job", "instance"):
+        raise m.error("job_label", f"{label!r} is reserved (crux_job is crux's own; job and "
+                                   "instance are the labels Prometheus sets on every target)")
+    return MetricsConfig(listen=listen, job_label=label)
 
 
 def _clash(a: str, b: str) -> bool:

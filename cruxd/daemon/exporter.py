@@ -45,6 +45,14 @@ class _StateCollector(Collector):
         self.m = metrics
 
     def collect(self) -> Iterator[Metric]:
+        label = self.m.job_label
+        for family in self._families():
+            if label:  # the job's id under a second name, for joins (metrics.job_label)
+                family.samples = [s._replace(labels={**s.labels, label: s.labels["crux_job"]})
+                                  if "crux_job" in s.labels else s for s in family.samples]
+            yield family
+
+    def _families(self) -> Iterator[Metric]:
         roles = [r for r, on in (("leader", self.m.leader), ("agent", self.m.agent)) if on]
         info = GaugeMetricFamily("crux_build_info", "crux's version and this daemon's roles "
                                  "(always 1: join on it)", labels=["version", "role"])
@@ -222,6 +230,7 @@ class Metrics:
         # series for a timestamp nobody graphs (a process-wide switch of the library)
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
+        self.job_label = ""  # metrics.job_label
         self.leader: Leader | None = None
         self.agent: Agent | None = None
         self.plans = Counter("crux_plans", "Plans published", registry=self.registry)

@@ -94,6 +94,7 @@ class Daemon:
         if "agent" in c.roles:
             await self._start_agent(leader_address)
         self.metrics.leader, self.metrics.agent = self.leader, self.agent
+        self.metrics.job_label = c.metrics.job_label
         try:  # last: "metrics on" in the log tells tests and operators the roles are up
             self.metrics.serve(c.metrics.listen)
         except OSError as exc:
@@ -233,6 +234,7 @@ class Daemon:
                 self.leader.reload(new)
             if self.agent is not None:
                 self.agent.reload(new)
+            self.metrics.job_label = new.metrics.job_label  # the next scrape has it
             LOG.info("SIGHUP: configuration reloaded (%s)", ", ".join(live) or "no live change")
         finally:
             self.notifier.ready(status=self.status_line())
