@@ -74,6 +74,11 @@ def test_status_in_an_80_column_terminal(tmp_path: Path) -> None:
             out += chunk
         proc.wait(timeout=30)
         os.close(master)
+        # one job, explained, from the same daemon
+        one = subprocess.run([str(BIN / "cruxctl"), "status", "narrow-job", "--socket",
+                              str(d.socket)], capture_output=True, text=True, timeout=30)
+        none = subprocess.run([str(BIN / "cruxctl"), "status", "nope", "--socket",
+                               str(d.socket)], capture_output=True, text=True, timeout=30)
     finally:
         job.kill()
         job.wait()
@@ -85,3 +90,8 @@ def test_status_in_an_80_column_terminal(tmp_path: Path) -> None:
     plain = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text).replace("\r", "")
     assert all(len(line) <= 80 for line in plain.splitlines()), plain
     assert "narrow-job  scheduled  level" in plain, plain
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.startswith("job narrow-job: scheduled, level"), one.stdout
+    assert "applied:" in one.stdout
+    assert none.returncode == 2 and "no job 'nope' in the leader's view (jobs: narrow-job)" in (
+        none.stderr)

@@ -94,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
                     "applied.",
         epilog="Exit status: 0 ok, 1 internal error, 2 bad input, 3 agent/leader unreachable.")
     live_cmd.add_target_args(st)
+    st.add_argument("job", nargs="?", metavar="JOB",
+                    help="explain one job: its level and why (I_j, k_j, the jobs it yields "
+                         "to on which links), its paths and ports, and what is applied")
     st.add_argument("--local", action="store_true",
                     help="only the local agent's view (do not ask the leader)")
     jb = sub.add_parser(

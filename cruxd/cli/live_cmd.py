@@ -169,6 +169,8 @@ def leader_call(args: argparse.Namespace, method: str, request: Any = None) -> A
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if getattr(args, "job", None):
+        return _explain(args)
     if args.leader:
         cluster = leader_call(args, "Status")
         doc: dict[str, Any] = {"agent": None, "cluster": to_json(cluster)}
@@ -187,6 +189,46 @@ def cmd_status(args: argparse.Namespace) -> int:
         from cruxd.cli.status_view import print_status
 
         print_status(_console(), agent, cluster, time.time())
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    """`cruxctl status JOB`: the leader's view of one job, and why (cruxd/cli/explain.py)."""
+    from cruxd.cli.explain import explain, lines
+
+    if args.leader:
+        cluster: Any = leader_call(args, "Status")
+        try:
+            plan_doc: Any = leader_call(args, "GetPlan")
+        except CruxError:  # no plan yet
+            plan_doc = None
+    else:
+        status = local(args, "status").status
+        if not status.HasField("cluster"):
+            raise Unreachable(f"the leader did not answer the agent: "
+                              f"{status.agent.leader_error or 'no cluster view'}")
+        cluster = status.cluster
+        try:
+            plan_doc = local(args, "plan").plan
+        except CruxError:
+            plan_doc = None
+    plan = json.loads(plan_doc.json).get("plan") if plan_doc is not None else None
+    try:
+        e = explain(args.job, to_json(cluster), plan)
+    except KeyError:
+        known = ", ".join(j.job_id for j in cluster.jobs) or "none"
+        raise UsageError(f"no job {args.job!r} in the leader's view (jobs: {known})") from None
+    if args.json:
+        json.dump(e, sys.stdout, indent=2, allow_nan=False, default=str)
+        sys.stdout.write("\n")
+    else:
+        from rich.markup import escape
+
+        from cruxd.cli.common import console as _console
+
+        out = _console()
+        for line in lines(e):
+            out.print(escape(line))
     return 0
 
 
