@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -285,14 +287,15 @@ def root_logger_restored() -> Iterator[None]:
         root.setLevel(level)
 
 
-def emit(level: str, env: dict[str, str]) -> list[str]:
+def emit(level: str, env: dict[str, str], log_format: str = "auto",
+         journal: Path = Path("/nonexistent/journal/socket")) -> list[str]:
     buf = io.StringIO()
     with root_logger_restored():
-        setup_logging(level, env=env, stream=buf)
+        setup_logging(level, env=env, stream=buf, log_format=log_format, journal=journal)
         log = logging.getLogger("crux.test")
         for level_no, message in ((logging.DEBUG, "quiet"), (logging.INFO, "hello"),
                                   (logging.ERROR, "bad")):
-            log.log(level_no, message)
+            log.log(level_no, message, extra={"crux_job": "gpt", "generation": 7})
         try:
             raise RuntimeError("boom")
         except RuntimeError:
@@ -315,6 +318,57 @@ def test_plain_lines_are_timestamped() -> None:
     assert re.fullmatch(stamp + r" ERROR crux\.test: bad", lines[0]), lines
     assert re.fullmatch(stamp + r" CRITICAL crux\.test: crashed", lines[1]), lines
     assert not any("hello" in line for line in lines)
+
+
+def test_json_lines_carry_the_structured_fields() -> None:
+    lines = emit("info", {"JOURNAL_STREAM": "8:1"}, log_format="json")
+    docs = [json.loads(line) for line in lines]  # one object a line, traceback included
+    assert [(d["level"], d["message"]) for d in docs] == [
+        ("info", "hello"), ("error", "bad"), ("critical", "crashed")]
+    assert docs[0]["crux_job"] == "gpt" and docs[0]["generation"] == "7"
+    assert docs[0]["logger"] == "crux.test" and docs[0]["time"].endswith("Z")
+    assert "RuntimeError: boom" in docs[2]["exc"] and "crux_job" not in docs[2]
+
+
+def test_journal_format_without_a_journal_falls_back_to_stderr() -> None:
+    lines = emit("info", {}, log_format="journal")
+    assert lines[:2] == ["<6>crux.test: hello", "<3>crux.test: bad"]
+
+
+JOURNALD = Path("/lib/systemd/systemd-journald")
+
+
+@pytest.mark.root
+def test_native_journal_entries_in_a_real_journald() -> None:
+    """A real systemd-journald, in a mount namespace of its own (a tmpfs /run), receives the
+    entries with their fields: `journalctl CRUX_JOB=gpt` finds them."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or not JOURNALD.exists():
+        pytest.skip("needs root, unshare and systemd-journald")
+    code = ("import logging\n"
+            "from cruxd.daemon.logs import setup_logging\n"
+            "setup_logging('info', env={'JOURNAL_STREAM': '8:1'})\n"
+            "log = logging.getLogger('cruxd.test')\n"
+            "log.info('plan %d applied', 7, extra={'generation': 7, 'crux_job': 'gpt'})\n"
+            "try:\n    raise RuntimeError('boom')\n"
+            "except RuntimeError:\n    log.error('two\\nlines', exc_info=True,"
+            " extra={'host': 'h9'})\n")
+    script = (f"mount -t tmpfs none /run && mkdir -p /run/systemd/journal /run/log/journal && "
+              f"({JOURNALD} >/dev/null 2>&1 &) && "
+              f"for i in $(seq 50); do [ -S /run/systemd/journal/socket ] && break; "
+              f"sleep 0.1; done && {sys.executable} -c \"$CODE\" && sleep 0.5 && "
+              f"journalctl -D /run/log/journal -o json --no-pager SYSLOG_IDENTIFIER=cruxd; "
+              f"pkill -f {JOURNALD}")
+    run = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "CODE": code})
+    entries = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert len(entries) == 2, (run.stdout, run.stderr)
+    plan, err = entries
+    assert (plan["MESSAGE"], plan["PRIORITY"], plan["CRUX_JOB"], plan["CRUX_GENERATION"]) == (
+        "cruxd.test: plan 7 applied", "6", "gpt", "7")
+    assert plan["LOGGER"] == "cruxd.test" and plan["CODE_FUNC"] == "<module>"
+    # a message with newlines and its traceback: one entry, binary-safe
+    assert err["PRIORITY"] == "3" and err["CRUX_HOST"] == "h9"
+    assert "two\nlines" in err["MESSAGE"] and "RuntimeError: boom" in err["MESSAGE"]
 
 
 def test_unknown_level() -> None:

@@ -197,7 +197,8 @@ class Agent:
         self.measurement.plan_changed(hp)
         self.link.poke()  # the leader learns the generation from the stream (delivered)
         LOG.info("plan %d applied: %d job(s), %d table entr%s changed", hp.generation,
-                 len(hp.jobs), changed, "y" if changed == 1 else "ies")
+                 len(hp.jobs), changed, "y" if changed == 1 else "ies",
+                 extra={"generation": hp.generation})
         return True
 
     def _job_changed(self, job_id: str, what: str) -> None:
@@ -210,7 +211,7 @@ class Agent:
             self._save(job_id)
         # logged once journaled: a line saying "registered" means a restart keeps the job
         # (a SIGKILL between the two lost it: tests/test_trust_agent.py, once in CI)
-        LOG.info("job %s %s", job_id, what)
+        LOG.info("job %s %s", job_id, what, extra={"crux_job": job_id})
         self._poke_soon()
 
     def _poke_soon(self) -> None:

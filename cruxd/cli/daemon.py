@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(config.source, exc.where, exc.why) from None
             _print_config(config)
             return 0
-        setup_logging(config.log_level)
+        setup_logging(config.log_level, log_format=config.log_format)
         try:
             notifier = Notifier.from_env()
         except ValueError as exc:  # malformed systemd environment (notify.py is stdlib-only)

@@ -12,12 +12,14 @@ from pathlib import Path
 
 ROLES = frozenset({"agent", "leader"})
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "text", "json", "journal")  # cruxd/daemon/logs.py
 EMBEDDED = "<embedded default>"
 
 # Keys a SIGHUP applies to the running daemon; a change to any other key is
 # reported by restart_required and waits for a restart.
 LIVE_KEYS = frozenset({
-    "daemon.log_level", "agent.report_interval_s", "agent.refresh_s", "agent.report_change",
+    "daemon.log_level", "daemon.log_format", "agent.report_interval_s", "agent.refresh_s",
+    "agent.report_change",
     "agent.accept_job_hints",
     "agent.start_wait_s",
     "leader.levels", "leader.dscp", "leader.debounce_ms", "leader.profiling_s",
@@ -186,9 +188,10 @@ class Config:
     metrics: MetricsConfig
     source: str  # EMBEDDED or the file's path
     control: ControlConfig = ControlConfig()
+    log_format: str = "auto"  # [daemon] log_format: one of LOG_FORMATS
 
 
-DAEMON_KEYS = ("roles", "host_id", "state_dir", "runtime_dir", "log_level")
+DAEMON_KEYS = ("roles", "host_id", "state_dir", "runtime_dir", "log_level", "log_format")
 _SECTIONS: dict[str, type] = {
     "agent": AgentConfig, "probing": ProbingConfig, "measurement": MeasureConfig,
     "leader": LeaderConfig,

@@ -35,6 +35,7 @@ from cruxd.config.model import (
     CONTROL_DSCP,
     EMBEDDED,
     LIVE_KEYS,
+    LOG_FORMATS,
     LOG_LEVELS,
     ROLES,
     SECTION_KEYS,
@@ -194,6 +195,7 @@ def _build(doc: Mapping[str, object], source: str, base: Path | None, env: Mappi
         roles=roles, host_id=host_id or socket.gethostname().split(".")[0],
         state_dir=state_dir, runtime_dir=runtime_dir,
         log_level=d.choice("log_level", "info", LOG_LEVELS),
+        log_format=d.choice("log_format", "auto", LOG_FORMATS),
         agent=agent, probing=probing, measurement=measurement, leader=leader,
         tls=_tls(sec["tls"]), metrics=metrics,
         source=source, control=_control(sec["control"]))

@@ -229,7 +229,7 @@ class Daemon:
                             ", ".join(later))
             live = [k for k in changed_keys(self.config, new) if k not in later]
             self.config = new
-            setup_logging(new.log_level)
+            setup_logging(new.log_level, log_format=new.log_format)
             if self.leader is not None:
                 self.leader.reload(new)
             if self.agent is not None:

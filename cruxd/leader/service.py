@@ -338,7 +338,8 @@ class Leader(LeaderRpcs, LeaderPersistence):
         LOG.info("plan %d: %d job(s) in %.1f ms after %s%s", gen, len(plan.jobs),
                  plan.latency_s * 1000, "; ".join(causes[:3]) + (" ..." if len(causes) > 3
                                                                  else ""),
-                 f"; decisions changed: {', '.join(moved[:8])}" if moved else "")
+                 f"; decisions changed: {', '.join(moved[:8])}" if moved else "",
+                 extra={"generation": gen})
         self._on_plan(plan)
 
     def _make_plan(self, inputs: PlanInputs, cfg: LeaderPlanConfig, gen: int, now: float,
