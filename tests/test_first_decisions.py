@@ -53,7 +53,7 @@ def test_an_agent_whose_leader_comes_late_counts_the_job_and_says_so(tmp_path: P
         wait_for("the job registered", lambda: "job early registered" in agent.log_text())
         leader.start()
         wait_for("the late decision counted",
-                 lambda: status(agent.socket)["agent"]["late_first_decisions"] == "1")
+                 lambda: status(agent.socket)["agent"]["late_first_decisions"] == 1)
         assert "job early: first decision" in agent.log_text()
         text = cruxctl("status", "--local", socket_path=agent.socket)
         said = " ".join(text.stdout.split())

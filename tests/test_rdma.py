@@ -295,3 +295,44 @@ def test_rxe_ports_as_the_agent_sees_them(rig: None) -> None:
     assert port_speed_bps(root, "net:veth0") == 10e9
     assert congestion_counters(root, "rdma:rxe0/1") == []
     assert [c for c in rdma_counters(root) if c.name.startswith("rdma:rxe")] == []
+
+
+def test_doctor_on_the_soft_roce_ports(rig: None) -> None:
+    """`cruxctl doctor` on real (soft-)RoCE ports: ok while they are up with their RoCE v2
+    GIDs, a failure naming them while both links are down (put back up after)."""
+    import json
+    import time
+
+    def doctor() -> dict[str, dict[str, str]]:
+        run = subprocess.run([sys.executable, "-m", "cruxd.cli.cruxctl", "doctor", "--json",
+                              "--socket", "/nonexistent/agent.sock"], capture_output=True,
+                             text=True, timeout=60)
+        return {x["name"]: x for x in json.loads(run.stdout)["checks"]}
+
+    def states() -> set[str]:
+        return {(SYS / f"rxe{i}" / "ports" / "1" / "state").read_text().split(":")[-1].strip()
+                for i in (0, 1)}
+
+    ok = doctor()["rdma"]
+    assert ok["status"] == "ok" and "rxe0/1 ACTIVE, RoCE v2 GID" in ok["detail"], ok
+    try:
+        for dev in ("veth0", "veth1"):
+            subprocess.run(["ip", "link", "set", dev, "down"], check=True)
+        deadline = time.monotonic() + 10
+        while "ACTIVE" in states() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        bad = doctor()["rdma"]
+        assert bad["status"] == "fail" and "rxe0/1" in bad["detail"], bad
+    finally:
+        for dev in ("veth0", "veth1"):
+            subprocess.run(["ip", "link", "set", dev, "up"], check=True)
+        # a link going down takes its routes with it: the rig's (tests/rig/rxe_vm/stage2.sh)
+        # back, for the tests that follow
+        for dst, dev, src, table in (("10.77.0.2", "veth0", "10.77.0.1", "100"),
+                                     ("10.77.0.1", "veth1", "10.77.0.2", "101")):
+            subprocess.run(["ip", "route", "replace", dst, "dev", dev, "src", src, "table",
+                            table], check=True)
+        deadline = time.monotonic() + 20
+        while states() != {"ACTIVE"} and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert states() == {"ACTIVE"}

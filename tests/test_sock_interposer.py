@@ -641,9 +641,9 @@ def test_cruxctl_status_counts_a_jobs_connects(tmp_path: Path, clients: list[Cli
         clients.append(c)
         c(host="127.0.0.1", port=srv.getsockname()[1])  # no decision for this job yet
         rows = status(d.socket)["agent"]["sock_connects"]
-        assert rows == [{"job_id": JOB, "processes": 1, "applied": "0", "tos_only": "0",
-                         "ports_busy": "0", "no_job": "0", "no_table": "0", "bad_table": "0",
-                         "no_entry": "1", "calls": "1", "accepts": "0"}]
+        assert rows == [{"job_id": JOB, "processes": 1, "applied": 0, "tos_only": 0,
+                         "ports_busy": 0, "no_job": 0, "no_table": 0, "bad_table": 0,
+                         "no_entry": 1, "calls": 1, "accepts": 0}]
         text = cruxctl("status", "--local", socket_path=d.socket)
         assert text.returncode == 0 and "TCP connects" in text.stdout, text.stderr
         said = " ".join(text.stdout.split())  # rich wraps the line at the terminal's width

@@ -111,7 +111,7 @@ def test_a_route_out_of_ports_is_said_once_counted_and_shown(tmp_path: Path) -> 
                     f.exec("h0", "ss", "-Htn", "state", "time-wait").stdout.splitlines()
                     if line.strip()}
             doc = wait_for("the leader's count", lambda: (d := status(sock)) and job_of(d).get(
-                "tcp_ports_busy") == str(CONNECTS - 2) and d)
+                "tcp_ports_busy") == CONNECTS - 2 and d)
             local = status(sock)["agent"]
             text = cruxctl("status", socket_path=sock)
             text_local = cruxctl("status", "--local", socket_path=sock)
@@ -134,8 +134,8 @@ def test_a_route_out_of_ports_is_said_once_counted_and_shown(tmp_path: Path) -> 
     assert f"job 'job' -> {h1} port {DPORT}: ports busy: every decided source port " \
         f"({listed}) is in use, the kernel picks the port" in said[0], said
     # counted: the agent's local job, the leader's view, both exporters' families
-    assert job_of(doc)["tcp_ports_busy"] == "3"
-    assert next(j for j in local["jobs"] if j["job_id"] == "job")["tcp_ports_busy"] == "3"
+    assert job_of(doc)["tcp_ports_busy"] == 3
+    assert next(j for j in local["jobs"] if j["job_id"] == "job")["tcp_ports_busy"] == 3
     assert samples == {"crux_job_tcp_ports_busy_total": 3.0,
                        "crux_agent_tcp_ports_busy_total": 3.0}, samples
     # cruxctl status: the cluster view and the local one say it for the job

@@ -51,7 +51,7 @@ def test_mutual_tls_admits_only_agents_with_the_clusters_certificates(tmp_path: 
         for d in (plain, stranger):
             local = status(d.socket)
             assert local["agent"]["leader_reachable"] is False
-            assert local["agent"]["applied_generation"] == "0"
+            assert local["agent"]["applied_generation"] == 0
             assert " applied: " not in d.log_text()
     finally:
         codes = [d.stop() for d in daemons]

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 PROGS = ("cruxctl", "crux-run")
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+               own: Callable[[], argparse.ArgumentParser]) -> None:
+    """`own`: cruxctl's parser, handed in (cruxctl imports this module)."""
     p = sub.add_parser(
         "completion", help="print a shell completion script for cruxctl or crux-run",
         description="Print a bash or zsh completion script, generated from the commands' own "
@@ -27,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("shell", choices=("bash", "zsh"))
     p.add_argument("--prog", choices=PROGS, default="cruxctl",
                    help="the command to complete (default cruxctl)")
+    p.set_defaults(cruxctl_parser=own)
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
@@ -35,6 +39,6 @@ def cmd_completion(args: argparse.Namespace) -> int:
     if args.prog == "crux-run":
         from cruxd.cli.crux_run import _parser as parser
     else:
-        from cruxd.cli.cruxctl import _parser as parser
+        parser = args.cruxctl_parser
     sys.stdout.write(shtab.complete(parser(), args.shell))
     return 0

@@ -17,6 +17,7 @@ from pathlib import Path
 from cruxd import __version__
 from cruxd.cli import (
     completion_cmd,
+    doctor_cmd,
     hints_cmd,
     live_cmd,
     measure_cmd,
@@ -110,7 +111,8 @@ def _parser() -> argparse.ArgumentParser:
     hints_cmd.add_parser(sub)
     place_cmd.add_parser(sub)
     table_cmd.add_parser(sub)
-    completion_cmd.add_parser(sub)
+    completion_cmd.add_parser(sub, _parser)
+    doctor_cmd.add_parser(sub)
     return p
 
 
@@ -193,6 +195,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "plan": cmd_plan, "simulate": cmd_simulate, "status": live_cmd.cmd_status,
     "jobs": live_cmd.cmd_jobs, "probe": probe_cmd.cmd_probe, "measure": measure_cmd.cmd_measure,
     "table": table_cmd.cmd_table, "completion": completion_cmd.cmd_completion,
+    "doctor": doctor_cmd.cmd_doctor,
     "hints": hints_cmd.cmd_hints, "place": place_cmd.cmd_place}
 
 

@@ -1,0 +1,1 @@
+"""`cruxctl doctor`: this host's settings against what crux needs (docs/operations.md)."""
