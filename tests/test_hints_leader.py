@@ -117,16 +117,22 @@ def test_leader_serves_hints_and_exports_them(tmp_path: Path) -> None:
         answer = wait_for("a placement on the idle host", placed, timeout=30)
         assert [n["host"] for n in answer["nodes"]] == ["h0"]
         job = crux_run(d.socket, "j", "--gpus", "3")
-        wait_for("an export naming the job's GPUs", lambda: (hints_dir / "node-labels.json")
-                 .exists() and "3" in (hints_dir / "arnold.json").read_text(), timeout=30)
+
+        def counted() -> Any:
+            """h0 in the leader's hints once they count the job's 3 GPUs (an export written
+            before the job's report reached the leader still shows 8 free)."""
+            run = cruxctl("hints", "--format", "spiderflow", socket_path=d.socket)
+            if run.returncode != 0:
+                return None
+            doc = json.loads(run.stdout)
+            host = next(h for v in doc["vertices"] for h in v["hosts"] if h["host"] == "h0")
+            return host if host["gpus_free"] != 8 else None
+        host = wait_for("the leader's hints to count the job's GPUs", counted, timeout=30)
+        assert (host["gpus"], host["gpus_free"]) == (8, 5)
+        wait_for("the exports", lambda: (hints_dir / "node-labels.json").exists(), timeout=30)
         assert sorted(p.name for p in hints_dir.iterdir()) == sorted(
             ["spiderflow.json", "arnold.json", "volcano-hypernodes.yaml", "topology.conf",
              "node-labels.json", "bandwidth.json"])
-        run = cruxctl("hints", "--format", "spiderflow", socket_path=d.socket)
-        assert run.returncode == 0, run.stderr
-        doc = json.loads(run.stdout)
-        host = next(h for v in doc["vertices"] for h in v["hosts"] if h["host"] == "h0")
-        assert (host["gpus"], host["gpus_free"]) == (8, 5)
         bad = cruxctl("hints", "--format", "nope", socket_path=d.socket)
         assert bad.returncode == 2 and "invalid choice" in bad.stderr
         # with 3 of its GPUs in use, h0 no longer holds a whole 8-GPU node
