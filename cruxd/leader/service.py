@@ -122,6 +122,10 @@ class Leader(LeaderRpcs, LeaderPersistence):
                                 since=self._high_water + 1, changed_at={})
             if self.fence is None:
                 self._mark_published(self.plan.generation)
+            # the view was saved after that plan: it may hold jobs the plan lacks (a job that
+            # arrived just before the kill), and agents that re-report them unchanged bring no
+            # new cause: plan once on the restored view, as soon as the planner runs
+            self._causes.append("restart: the saved plan is older than the view")
         if self.plan is not None:
             LOG.info("resumed plan generation %d (%d jobs, %d agents) from %s",
                      self.plan.generation, len(self.plan.jobs), len(self.state.agents), source)
@@ -167,6 +171,8 @@ class Leader(LeaderRpcs, LeaderPersistence):
     def start(self) -> None:
         self._wake, self._published, self._unsaved = (asyncio.Event(), asyncio.Event(),
                                                        asyncio.Event())
+        if self._causes:  # kept from the restore (_resume)
+            self._wake.set()
         self._task = asyncio.create_task(self._planner(), name="planner")
         self._persist = asyncio.create_task(self._persister(), name="persist")
         self.hints.start()
