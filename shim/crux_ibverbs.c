@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crux_recfile.h"
 #include "crux_gate.h"
 #include "crux_repath.h"
 #include "crux_shim.h"
@@ -171,7 +172,7 @@ static void *qps_file(void)
         return NULL;
     char path[4200];
     snprintf(path, sizeof path, "%s/%d", st.qps_dir, (int)pid);
-    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    int fd = crux_record_open(path, O_RDWR); /* a planted name is refused: crux_recfile.h */
     void *p = MAP_FAILED;
     if (fd >= 0 && ftruncate(fd, QPS_LEN) == 0)
         p = mmap(NULL, QPS_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "crux_nccl_prof.h"
+#include "crux_recfile.h"
 #include "crux_table.h"
 
 #define POOL_COLLS 16384u
@@ -111,28 +112,15 @@ static void setup(void)
         atomic_flag_clear(&slot_lock[i]);
 }
 
-/* The record file, created exclusively: a name another uid planted in the shared directory
- * is refused (and the job runs unrecorded); a leftover of an earlier process of ours with
- * the same pid, replaced. */
+/* The record file, created exclusively (crux_recfile.h). */
 static int open_record(void)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/" CRUX_NCCLREC_PREFIX "%d", dir, (int)nc_pid);
-    for (int tries = 0; tries < 2; tries++) {
-        int f = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK,
-                     0644);
-        if (f >= 0) {
-            (void)fchmod(f, 0644); /* whatever the umask: the agent reads it */
-            return f;
-        }
-        struct stat sb;
-        if (errno != EEXIST || lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode)
-            || sb.st_uid != geteuid() || sb.st_nlink != 1 || unlink(path) != 0)
-            break;
-    }
-    if (log_on)
+    int f = crux_record_open(path, O_WRONLY);
+    if (f < 0 && log_on)
         nc_log("no record (%s): t_j comes from the NIC counters", path);
-    return -1;
+    return f;
 }
 
 /* Takes a slot, creates the file on first use; NULL only when memory is short. */

@@ -56,6 +56,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crux_recfile.h"
 #include "crux_sock_state.h"
 #include "crux_sockrec.h"
 #include "crux_table.h"
@@ -183,13 +184,11 @@ static struct crux_sockrec *rec_file(void)
     char path[4200];
     pid_t pid = getpid();
     snprintf(path, sizeof path, "%s/" CRUX_SOCKREC_PREFIX "%d", st.rec_dir, (int)pid);
-    /* O_NOFOLLOW: the directory is world-writable, a planted link must not aim our writes.
-     * O_NONBLOCK: nor may a planted FIFO hang the connect. fchmod: exact mode, any umask. */
-    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
-    struct stat sb;
+    /* Created exclusively (crux_recfile.h): a name another uid planted, which it could
+     * truncate under our mapping (SIGBUS in the job), a link or a FIFO, is refused. */
+    int fd = crux_record_open(path, O_RDWR);
     void *p = MAP_FAILED;
-    if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && fchmod(fd, 0644) == 0
-        && ftruncate(fd, CRUX_SOCKREC_SIZE) == 0)
+    if (fd >= 0 && ftruncate(fd, CRUX_SOCKREC_SIZE) == 0)
         p = mmap(NULL, CRUX_SOCKREC_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (fd >= 0)
         close(fd);
