@@ -67,13 +67,13 @@ struct nc_event {
     void *parent;
     uint8_t func;
     uint64_t bytes;
-    pid_t pid;          /* proxy op: the process that created it */
     int is_send, n_steps, chunk;
     uint64_t comm_hash; /* v1-v3: the collective carries it */
 };
 
 /* crux_nccl_out.c */
 extern int nc_api_version;
+extern pid_t nc_pid; /* this process's (refreshed in a forked child) */
 uint64_t nc_now(void);
 struct nc_comm *nc_comm_new(uint64_t comm_hash, int nnodes, int nranks, int rank);
 void nc_comm_done(struct nc_comm *c);

@@ -30,7 +30,6 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-extern pid_t nc_pid;
 EXPORT const int crux_nccl_profiler_marker = 1; /* tells a chain that names us from a plugin */
 
 static const int MASK = ncclProfileColl | ncclProfileP2p | ncclProfileProxyOp

@@ -4,16 +4,17 @@ Same figures as the tables (cruxd/cli/status_view.py), every one labelled."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
+from cruxd.cli.status_cells import heard, num, routes, source_tag, state
+
 NARROW = 120  # below this many columns the tables do not fit: print these instead
 
 
-def agents(console: Console, rows: list[Any], heard: Callable[[Any], str]) -> None:
+def agents(console: Console, rows: list[Any]) -> None:
     console.print("[bold]agents[/]")
     for a in rows:
         console.print(f" [bold]{escape(a.host_id)}[/]  {heard(a)}  v{escape(a.version)}  "
@@ -22,14 +23,12 @@ def agents(console: Console, rows: list[Any], heard: Callable[[Any], str]) -> No
                       f"{escape(a.measurement_source)}; probing {escape(a.probing_source)}")
 
 
-def jobs(console: Console, rows: list[Any], state: Callable[[Any], str],
-         num: Callable[[float], str], tag: Callable[[str], str],
-         routes: Callable[[Any], str]) -> None:
+def jobs(console: Console, rows: list[Any], fabric: bool) -> None:
     console.print("[bold]jobs[/]")
     for j in rows:
         m = j.measurement
         qps = f"{j.qps_applied}/{j.qps_total}" if j.qps_total else "no shim report"
-        t_j = num(m.comm_s) + (f" s ({tag(m.source)})" if m.source else "")
+        t_j = num(m.comm_s) + (f" s ({source_tag(m.source)})" if m.source else "")
         console.print(f" [bold]{escape(j.job_id)}[/]  {escape(state(j))}  level {j.level}  "
                       f"DSCP {j.dscp}  rank {j.rank}")
         console.print(f"   {escape(','.join(j.hosts) or '-')} ({j.gpus} GPUs); I_j "
@@ -37,5 +36,5 @@ def jobs(console: Console, rows: list[Any], state: Callable[[Any], str],
         console.print(f"   W_j {num(m.flops_per_iter)} FLOP  t_j {escape(t_j)}  period "
                       f"{num(m.period_s)} s")
         console.print(f"   QPs applied {qps}  changes {j.decision_changes}")
-        for k, r in enumerate(routes(j).splitlines()):  # a route a line: they are long
+        for k, r in enumerate(routes(j, fabric).splitlines()):  # a route a line: they are long
             console.print(f"   {'paths' if k == 0 else '     '} {escape(r)}")

@@ -10,37 +10,16 @@ from rich.console import Console
 from rich.table import Table
 
 from cruxd.cli import status_narrow
-from cruxd.control.job_notes import ENDED_NOTE
+from cruxd.cli.status_cells import age as _age
+from cruxd.cli.status_cells import heard as _heard
+from cruxd.cli.status_cells import num as _num
+from cruxd.cli.status_cells import routes as _routes
+from cruxd.cli.status_cells import source_tag
+from cruxd.cli.status_cells import state as _state
 
-STATES = {0: "?", 1: "profiling", 2: "scheduled", 3: "queued", 4: "expired", 5: "unmeasured"}
 # ClusterStatus.path_selection ([leader] path_selection), for people
 PATHS = {"crux": "steered by crux (probed source ports onto planned paths) and DSCP",
          "fabric": "left to the fabric (adaptive routing); crux sets levels/DSCP only"}
-
-
-def _age(seconds: float) -> str:
-    if seconds < 0:
-        return "never"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    return f"{seconds / 60:.0f} min"
-
-
-def _num(x: float) -> str:
-    if math.isinf(x):
-        return "∞"
-    return f"{x:.3g}" if x else "-"
-
-
-def _routes(job: Any, fabric: bool) -> str:
-    out = []
-    for r in job.routes:
-        port = f" sport {r.sport}" if r.sport else " fabric" if fabric else " ecmp"
-        via = f" via {'>'.join(r.hops)}" if r.hops else ""
-        out.append(f"{r.src_host}->{r.peer_host}{port}{via}")
-    if len(out) > 3:
-        out = [*out[:3], f"+{len(out) - 3} more"]
-    return "\n".join(out) or "-"
 
 
 def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None:
@@ -110,7 +89,7 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
                       f"{cluster.plans_unchanged} plan(s) changed no decision")
     narrow = console.width < status_narrow.NARROW
     if narrow:
-        status_narrow.agents(console, list(cluster.agents), _heard)
+        status_narrow.agents(console, list(cluster.agents))
     else:
         agents = Table(title="agents", title_justify="left")
         for col in ("host", "version", "heard", "GPUs", "addresses", "measurement",
@@ -127,25 +106,12 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
     if any(a.links for a in cluster.agents):
         console.print(_links(cluster.agents))
     if narrow:
-        status_narrow.jobs(console, list(cluster.jobs), _state, _num, source_tag,
-                           lambda j: _routes(j, mode == "fabric"))
+        status_narrow.jobs(console, list(cluster.jobs), mode == "fabric")
     else:
         _jobs_table(console, cluster.jobs, mode == "fabric")
     for j in cluster.jobs:
         if j.tcp_ports_busy:
             console.print(_ports_busy(j.job_id, j.tcp_ports_busy))
-
-
-def _heard(a: Any) -> str:
-    """A connected agent reports only on change: its last report's age says nothing."""
-    return ("[red]expired[/]" if a.expired else "connected" if a.connected
-            else f"{_age(a.last_report_age_s)} ago, no stream")
-
-
-def _state(j: Any) -> str:
-    if j.note == ENDED_NOTE:  # expired because it finished: say so, briefly
-        return "ended"
-    return STATES.get(j.state, str(j.state)) + (f" ({j.note})" if j.note else "")
 
 
 def _jobs_table(console: Console, rows: Any, fabric: bool) -> None:
@@ -218,16 +184,6 @@ def _qps(qps: list[Any]) -> Table:
         t.add_row(q.job_id or "-", str(q.pid), f"{q.device}:{q.qpn}", q.peer,
                   f"[{style.get(q.state, '')}]{q.state}[/]", got, want, q.outcome, wire)
     return t
-
-
-def source_tag(source: str) -> str:
-    """Where a job's t_j came from, in a word per host part: "nccl" (the profiler plugin),
-    "nic", "sock" or "qp" (counters), "declared" (crux-run's hints), "replay"."""
-    tags = []
-    for part in source.split(","):
-        word = part.split("+", 1)[-1].split(" ", 1)[0]
-        tags.append(word + ("?" if "unprofiled" in part else ""))
-    return ",".join(dict.fromkeys(tags))
 
 
 def _nccl_profilers(rows: list[Any]) -> Table:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cruxd.cli.live_cmd import add_target_args
 from cruxd.errors import CruxError, UsageError
 
 
@@ -29,10 +30,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="the table file (default: the one the local agent names, else "
                         "/run/crux/decisions)")
     p.add_argument("--job", metavar="ID", help="only this job's entries")
-    p.add_argument("--socket", metavar="PATH", help="the agent to ask for the table's path")
-    p.add_argument("--config", metavar="FILE", type=Path,
-                   help="read the agent's socket path from this cruxd configuration")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_target_args(p, leader=False)  # --socket, --config: the agent that names the table
 
 
 def table_path(args: argparse.Namespace) -> Path:

@@ -168,21 +168,17 @@ def _data_plane(agent: Agent) -> Iterator[Metric]:
                             "intercepted in the job's live processes, by outcome (applied: "
                             "steered; the rest: left as the job asked)",
                             labels=["crux_job", "outcome"])
-    per_job: dict[tuple[str, str], int] = {}
-    for r in agent.dataplane.records():
-        for outcome, n in r.counters.items():
-            per_job[(r.job_id, outcome)] = per_job.get((r.job_id, outcome), 0) + n
-    for (job, outcome), n in sorted(per_job.items()):
-        qps.add_metric([job, outcome], n)
     tcp = GaugeMetricFamily("crux_agent_job_tcp_connects", "TCP connects the socket "
                             "interposer counted in the job's live processes, by outcome",
                             labels=["crux_job", "outcome"])
-    per_job = {}
-    for c in agent.dataplane.sock_records:
-        for outcome, n in c.counters.items():
-            per_job[(c.job_id, outcome)] = per_job.get((c.job_id, outcome), 0) + n
-    for (job, outcome), n in sorted(per_job.items()):
-        tcp.add_metric([job, outcome], n)
+    for family, records in ((qps, agent.dataplane.records()),
+                            (tcp, agent.dataplane.sock_records)):
+        per_job: dict[tuple[str, str], int] = {}
+        for r in records:
+            for outcome, n in r.counters.items():
+                per_job[(r.job_id, outcome)] = per_job.get((r.job_id, outcome), 0) + n
+        for (job, outcome), n in sorted(per_job.items()):
+            family.add_metric([job, outcome], n)
     yield from (qps, tcp)
 
 
