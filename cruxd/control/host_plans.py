@@ -16,6 +16,7 @@ from typing import Any
 
 from cruxd.control.cluster import ClusterState, MergedJob
 from cruxd.control.discovery import discover
+from cruxd.control.job_routes import RouteContext, RouteMemo
 from cruxd.control.records import (
     DECLARED_SOURCE,
     PATHS_BY_CRUX,
@@ -27,8 +28,7 @@ from cruxd.control.records import (
     PathTable,
     PeerRoute,
 )
-from cruxd.control.sticky_routes import keep_ports, previous_routes
-from cruxd.control.tcp_routes import listening_ports, route_tcp
+from cruxd.control.tcp_routes import listening_ports
 from cruxd.model.jobs import Job, ring_allreduce
 from cruxd.model.plan import Plan
 from cruxd.model.topology import Topology, TopologyBuilder
@@ -170,6 +170,7 @@ class JobMemo:
         self._jobs: dict[str, tuple[MergedJob, Topology, object, Job | None, str]] = {}
         self._addresses: dict[tuple[str, int | None],
                               tuple[tuple[Nic, ...] | None, tuple[str, ...]]] = {}
+        self.routes = RouteMemo()  # each planned job's routes (control/job_routes.py)
 
     def as_job(self, m: MergedJob, topo: Topology,
                probed: Mapping[tuple[str, str], object] | None) -> tuple[Job | None, str]:
@@ -185,6 +186,7 @@ class JobMemo:
     def keep(self, job_ids: set[str]) -> None:
         for jid in self._jobs.keys() - job_ids:
             del self._jobs[jid]
+        self.routes.keep(job_ids)
         if len(self._addresses) > ADDRESS_MEMO:  # hosts and rails that came and went
             self._addresses.clear()
 
@@ -246,29 +248,21 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
                   else plan(view, scheduler_config))
     nics = inputs.nics
     decided = {d.job: d for d in result.jobs} if result else {}
+    was = {a.job_id: a for a in previous.jobs} if previous is not None else {}
     routes: dict[str, list[PeerRoute]] = {}
-    # the chosen path's TCP-probed ports, found by its hops as its UDP port is
-    tcp = {(src, dst, p.hops): p for (src, dst), ps in paths.items() for p in ps if p.tcp}
     listening = listening_ports(merged)
-    # each job's ports by host, once: MergedJob.ports_at scans, and 80,000 flows asked it
-    ports_at = {m.job_id: dict(zip((h for h, _ in m.hosts), m.tcp_ports, strict=False))
-                for m in merged}
-    by_hops = {(src, dst, p.hops): p for (src, dst), ps in paths.items() for p in ps}
-    before = previous_routes(previous.jobs) if previous is not None and not fabric else {}
-    for f in result.flows if result else ():
-        peer = memo.addresses(nics, f.dst, f.src_port)
-        tcp_dport, tcp_sports = (0, ()) if fabric else route_tcp(
-            ports_at[f.job].get(f.dst, ()), tcp.get((f.src, f.dst, f.hops)),
-            listening.get(f.dst, frozenset()))
-        # with the fabric routing, the path the scheduler modelled holds no traffic to it
-        routes.setdefault(f.job, []).append(keep_ports(f.job, PeerRoute(
-            src_host=f.src, peer_host=f.dst, peer_addresses=peer,
-            sport=0 if fabric else f.sport or 0, hops=() if fabric else f.hops,
-            nic_port=f.src_port if f.src_port is not None else -1,
-            tcp_dport=tcp_dport, tcp_sports=tcp_sports), before, by_hops))
+    if result is not None:
+        ctx = RouteContext(nics, paths, listening, fabric)
+        by_id = {m.job_id: m for m in merged}
+        memo.routes.turn()
+        for jid, flows in result.job_flows.items():
+            if flows:
+                old = was.get(jid)
+                routes[jid] = memo.routes.routes(
+                    by_id[jid], flows, old.routes if old is not None and not fabric else (),
+                    ctx, memo.addresses)
 
     out = []
-    was = {a.job_id: a for a in previous.jobs} if previous is not None else {}
     for m in merged:
         hosts = tuple(h for h, _ in m.hosts)
         gpus = sum(g for _, g in m.hosts)

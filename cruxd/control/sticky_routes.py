@@ -13,26 +13,22 @@ path toward the same destination port. Only a lost port or a new path changes th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-from cruxd.control.records import JobAssignment, PeerRoute
+from cruxd.control.records import PeerRoute
 from cruxd.model.view import DiscoveredPath
 
-RouteKey = tuple[str, str, str]  # job, source host, peer host
+RouteKey = tuple[str, str]  # source host, peer host (of one job)
 
 
-def previous_routes(jobs: Iterable[JobAssignment]) -> dict[RouteKey, PeerRoute]:
-    return {(a.job_id, r.src_host, r.peer_host): r for a in jobs for r in a.routes}
-
-
-def keep_ports(job: str, route: PeerRoute, before: Mapping[RouteKey, PeerRoute],
-               paths: Mapping[tuple[str, str, tuple[str, ...]], DiscoveredPath]) -> PeerRoute:
+def keep_ports(route: PeerRoute, before: Mapping[RouteKey, PeerRoute],
+               path: DiscoveredPath | None) -> PeerRoute:
     """`route` as the plan made it, with its previous ports where the path is the same;
-    the previous route itself where the two are equal."""
-    old = before.get((job, route.src_host, route.peer_host))
+    the previous route itself where the two are equal. `before`: the job's routes in the
+    previous plan; `path`: the path table's entry for the route's hops (None: none)."""
+    old = before.get((route.src_host, route.peer_host))
     if old is None or not route.hops or old.hops != route.hops:
         return route
-    path = paths.get((route.src_host, route.peer_host, route.hops))
     if path is None:
         return route
     sport = old.sport if old.sport and old.sport in path.sports else route.sport

@@ -18,6 +18,10 @@ class FanOut:
         self.full_sent = 0
         self.marks_sent = 0
 
+    @property
+    def sent(self) -> int:
+        return self.full_sent + self.marks_sent
+
     def message(self, host: str, have: int) -> bytes:
         """The bytes for `host`, which holds generation `have` (0: none)."""
         p = self.plan

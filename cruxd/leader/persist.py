@@ -14,9 +14,13 @@ from cruxd.control.cluster import ClusterState
 from cruxd.control.codec import Memo
 from cruxd.control.host_plans import PublishedPlan
 from cruxd.leader import store
+from cruxd.waits import wait_event
 
 LOG = logging.getLogger("cruxd.leader.service")  # the service's log, as before the split
 PERSIST_DELAY_S = 0.1
+# A save holds the GIL for much of its time (1 s at 10,000 hosts): it waits until every
+# plan stream has sent the newest plan, or this long at most (a stream that does not read)
+FANOUT_WAIT_S = 5.0
 
 
 class LeaderPersistence:
@@ -26,6 +30,7 @@ class LeaderPersistence:
     saver: Callable[[dict[str, object]], Awaitable[None]] | None
     _high_water: int
     _unsaved: asyncio.Event
+    _fanned: asyncio.Event
     _planning: bool
     _save_lock: threading.Lock
     _snapshots: int
@@ -43,13 +48,15 @@ class LeaderPersistence:
         """Saves the state after changes (set `_unsaved`: view changes and every
         published plan), batched, and never more than a third of the time (the next
         save waits twice as long as the last took). The snapshot yields to the loop as
-        it goes, and waits while a plan is being made: plans come first."""
+        it goes, and waits while a plan is being made and until it has gone out on every
+        plan stream: plans, and getting them to the agents, come first."""
         ready_at = 0.0
         while True:
             await self._unsaved.wait()
             await asyncio.sleep(max(PERSIST_DELAY_S, ready_at - time.monotonic()))
             while self._planning:
                 await asyncio.sleep(PERSIST_DELAY_S)
+            await wait_event(self._fanned, FANOUT_WAIT_S)  # the agents first
             self._unsaved.clear()
             started = time.monotonic()
             self._snapshots += 1

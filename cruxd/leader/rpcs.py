@@ -71,6 +71,9 @@ class LeaderRpcs(lgrpc.LeaderServicer):
     def recheck_deadlines(self) -> None:
         raise NotImplementedError
 
+    def sent_one(self) -> None:
+        raise NotImplementedError
+
     def plan_config(self) -> LeaderPlanConfig:
         raise NotImplementedError
 
@@ -136,6 +139,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
                     yield wire.message(host, have)
                     have, first = wire.plan.generation, False
                     state.delivered(host, have)
+                    self.sent_one()
                 await published.wait()
                 if self._task is None or self._task.done():
                     return  # shutting down, or stepped down: agents look for the leader
@@ -143,6 +147,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
             self.watchers -= 1
             state.stream_closed(host, self.clock())
             self.recheck_deadlines()  # the host's grace starts: the planner times it
+            self.sent_one()  # one stream fewer to wait for
 
     async def Status(self, request: lpb.StatusRequest,
                      context: grpc.aio.ServicerContext[Any, Any]) -> cpb.ClusterStatus:

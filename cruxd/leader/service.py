@@ -78,6 +78,7 @@ class Leader(LeaderRpcs, LeaderPersistence):
         self._task: asyncio.Task[None] | None = None
         self._persist: asyncio.Task[None] | None = None
         self._unsaved = asyncio.Event()
+        self._fanned = asyncio.Event()  # every open plan stream has sent the current plan
         self._save_lock = threading.Lock()
         self._snapshots = self._saved_seq = 0
         self._memo = Memo()  # records converted at the last save (codec.Memo)
@@ -169,8 +170,9 @@ class Leader(LeaderRpcs, LeaderPersistence):
                             lc.change_hold_s)
 
     def start(self) -> None:
-        self._wake, self._published, self._unsaved = (asyncio.Event(), asyncio.Event(),
-                                                       asyncio.Event())
+        self._wake, self._published, self._unsaved, self._fanned = (
+            asyncio.Event(), asyncio.Event(), asyncio.Event(), asyncio.Event())
+        self._fanned.set()  # no plan going out yet
         if self._causes:  # kept from the restore (_resume)
             self._wake.set()
         self._task = asyncio.create_task(self._planner(), name="planner")
@@ -339,7 +341,9 @@ class Leader(LeaderRpcs, LeaderPersistence):
         self.replans.forget(self.state.jobs)
         self.plan = plan
         old, self._published = self._published, asyncio.Event()
+        self._fanned.clear()
         old.set()
+        self.sent_one()  # with no stream open, the fan-out is done already
         self._unsaved.set()
         LOG.info("plan %d: %d job(s) in %.1f ms after %s%s", gen, len(plan.jobs),
                  plan.latency_s * 1000, "; ".join(causes[:3]) + (" ..." if len(causes) > 3
@@ -354,6 +358,13 @@ class Leader(LeaderRpcs, LeaderPersistence):
         plan = make_plan(inputs, self.topology, cfg, gen, now, causes,
                          planner=self._incremental, jobs=self._jobs, previous=self.plan)
         return carry_changes(self.plan, replace(plan, term=self.term))
+
+    def sent_one(self) -> None:
+        """A plan stream sent the current plan, or closed: is the fan-out over?"""
+        f = self._fanout
+        if self.watchers == 0 or (f is not None and f.plan is self.plan
+                                  and f.sent >= self.watchers):
+            self._fanned.set()
 
     def fanout(self) -> FanOut | None:
         """The current plan's messages (serialised once each)."""

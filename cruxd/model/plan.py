@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from transport.roce import tos
@@ -62,6 +63,10 @@ class Plan:
     reference_job: str | None
     cut_weight: float  # contention (intensity) separated by distinct levels
     contention_weight: float  # all contention weight in the DAG
+    # `flows` by job, each job's own tuple: the incremental planner hands the same tuple
+    # again for a job whose choices did not change (the leader keeps its routes then)
+    job_flows: Mapping[str, tuple[FlowDecision, ...]] = field(
+        default_factory=dict, compare=False, repr=False)
 
     def job(self, job_id: str) -> JobDecision:
         for d in self.jobs:

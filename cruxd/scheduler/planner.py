@@ -126,14 +126,16 @@ def finish(view: ClusterView, config: PlanConfig, jobs: Intensities, order: list
             choices = again
             usage = _link_usage(_links(flows, choices), nbytes, hops, jobs.period, n_links)
             levels = _compress(usage, pr, jobs, config, memo)
+    decided = decide(choices)
     return Plan(
         jobs=_job_decisions(ids, jobs, pr, levels.level, config.dscp_values()),
-        flows=tuple(d for per_job in decide(choices) for d in per_job),
+        flows=tuple(d for per_job in decided for d in per_job),
         links=_busiest(view, usage, config.busiest_links, ids),
         levels=config.levels,
         reference_job=ids[pr.reference] if pr.reference is not None else None,
         cut_weight=levels.cut,
         contention_weight=float(levels.weights.sum()),
+        job_flows=dict(zip(ids, decided, strict=True)),
     )
 
 
