@@ -1,7 +1,9 @@
-"""codec.Memo: the leader's saves convert a frozen record once, and get the same document."""
+"""codec_json: the leader's saves encode a frozen record once, and write the same text as
+json.dumps of the plain conversion."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
@@ -11,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cruxd.control.cluster import AgentRecord, ClusterState, JobRecord
-from cruxd.control.codec import Memo, to_dict
+from cruxd.control.codec import to_dict
+from cruxd.control.codec_json import Memo, to_json
 from cruxd.control.host_plans import PublishedPlan
 from cruxd.control.records import (
     HostInventory,
@@ -44,33 +47,46 @@ def _state(hosts: list[str], jobs: list[str]) -> tuple[ClusterState, PublishedPl
 @settings(max_examples=50, deadline=None)
 @given(st.lists(names, min_size=1, max_size=5, unique=True),
        st.lists(names, max_size=4, unique=True), st.integers(0, 3))
-def test_the_memo_gives_the_same_document_as_converting_afresh(
+def test_the_memo_gives_the_same_text_as_converting_afresh(
         hosts: list[str], jobs: list[str], rounds: int) -> None:
     state, plan = _state(hosts, jobs)
     memo = Memo()
-    want = json.dumps(store.snapshot(state, plan), sort_keys=True)
     for r in range(rounds + 1):
-        if r == 2:  # a record replaced between rounds is converted again
+        if r == 2:  # a record replaced between rounds is encoded again
             h = hosts[0]
             state.agents[h] = dataclasses.replace(
                 state.agents[h], inventory=HostInventory(h, nics=(Nic("mlx5_1", "10.9.9.9", 1),)))
-            want = json.dumps(store.snapshot(state, plan), sort_keys=True)
-        assert json.dumps(store.snapshot(state, plan, memo), sort_keys=True) == want
+        want = _dumps(store.snapshot(state, plan))
+        assert store.snapshot_json(state, plan, memo) == want
+        assert store.snapshot_json(state, None, memo) == _dumps(store.snapshot(state, None))
 
 
-def test_an_unchanged_record_is_converted_once() -> None:
+def test_the_stepwise_snapshot_is_the_same_text() -> None:
+    state, plan = _state(["h0", "h1", "h2", "h3"], ["a", "b", "c"])
+    memo = Memo()
+    got = asyncio.run(store.snapshot_json_stepwise(state, plan, memo, step=2))
+    assert got == _dumps(store.snapshot(state, plan))
+    assert asyncio.run(store.snapshot_json_stepwise(state, None, memo, step=1)) == _dumps(
+        store.snapshot(state, None))
+
+
+def test_an_unchanged_record_is_encoded_once() -> None:
     state, plan = _state(["h0", "h1", "h2"], ["a", "b"])
     memo = Memo()
-    store.snapshot(state, plan, memo)
+    store.snapshot_json(state, plan, memo)
     first, hits = memo.misses, memo.hits  # hits: a default record shared by several
     assert first > 0
-    store.snapshot(state, plan, memo)
-    assert memo.misses == first  # nothing converted again
+    store.snapshot_json(state, plan, memo)
+    assert memo.misses == first  # nothing encoded again
     assert memo.hits > hits
     memo.turn()
     memo.turn()  # two rounds without meeting them: the records are let go
-    store.snapshot(state, plan, memo)
+    store.snapshot_json(state, plan, memo)
     assert memo.misses == 2 * first
+
+
+def _dumps(doc: object) -> str:
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False)
 
 
 def _reachable(cls: type) -> set[type]:
@@ -116,12 +132,30 @@ def test_the_persisted_frozen_records_hold_nothing_that_changes_in_place() -> No
 
 
 def test_the_memo_keeps_the_codec_rules() -> None:
-    """A memoised conversion is the plain one: infinity as "inf", enums by value."""
+    """A memoised encoding is the plain one: infinity as "inf", enums by value."""
     _, plan = _state(["h0", "h1"], ["a"])
     memo = Memo()
-    doc = to_dict(plan, memo)
-    assert doc == to_dict(plan)
+    text = to_json(plan, memo)
+    assert text == _dumps(to_dict(plan))
+    doc = json.loads(text)
     assert doc["jobs"][0]["intensity"] == "inf"
     assert doc["jobs"][0]["state"] == JobState.SCHEDULED.value
     assert doc["jobs"][0]["routes"][0]["sport"] == 49152
-    assert to_dict(plan, memo)["jobs"][0] is doc["jobs"][0]  # the same dict, not converted again
+    misses = memo.misses
+    memo.turn()
+    assert to_json(plan, memo) == text
+    assert memo.misses == misses  # the plan itself was kept: nothing encoded again
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.text(max_size=6)
+    | st.floats(allow_nan=True, allow_infinity=True),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=4) | st.integers(0, 9), inner, max_size=4),
+    max_leaves=20))
+def test_to_json_writes_what_json_dumps_writes_of_to_dict(value: object) -> None:
+    """Any nesting of the scalars and containers the records hold, NaN and infinities
+    included (to_dict writes them as strings)."""
+    assert to_json(value) == _dumps(to_dict(value))
+    assert to_json(value, Memo()) == _dumps(to_dict(value))

@@ -8,7 +8,7 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,16 @@ def _json_parts(doc: dict[str, Any], big: int = 64) -> Iterator[str]:
 
 
 def write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    write_parts_atomic(path, _json_parts(doc))
+
+
+def write_parts_atomic(path: Path, parts: Iterable[str]) -> None:
+    """`path` holds the text `parts` make up, whole, or what it held before."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w") as f:
-            for part in _json_parts(doc):
+            for part in parts:
                 f.write(part)
             f.flush()
             os.fsync(f.fileno())

@@ -19,72 +19,34 @@ from typing import Any
 
 
 @functools.cache
-def _fields(cls: type) -> tuple[str, ...]:
+def persisted_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.repr)  # repr=False: caches
 
 
 @functools.cache
 def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
     hints = typing.get_type_hints(cls)
-    return tuple((name, hints[name]) for name in _fields(cls))
+    return tuple((name, hints[name]) for name in persisted_fields(cls))
 
 
 @functools.cache
-def _frozen(cls: type) -> bool:
+def frozen_record_type(cls: type) -> bool:
     return bool(cls.__dataclass_params__.frozen)  # type: ignore[attr-defined]
 
 
-def to_dict(obj: Any, memo: Memo | None = None) -> Any:
-    """`obj` as JSON-ready data. With `memo`, a frozen record met in the memo's previous
-    round is not converted again (see Memo)."""
+def to_dict(obj: Any) -> Any:
+    """`obj` as JSON-ready data (codec_json.to_json writes the same as text)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        if memo is not None and _frozen(type(obj)):
-            return memo.get(obj)
-        return {name: to_dict(getattr(obj, name), memo) for name in _fields(type(obj))}
+        return {name: to_dict(getattr(obj, name)) for name in persisted_fields(type(obj))}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, dict):
-        return {str(k): to_dict(v, memo) for k, v in obj.items()}
+        return {str(k): to_dict(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [to_dict(v, memo) for v in obj]
+        return [to_dict(v) for v in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
         return repr(obj)  # "inf": JSON has no infinity
     return obj
-
-
-class Memo:
-    """to_dict of frozen records, kept from one round (one snapshot of the leader's state)
-    to the next. A re-plan rebuilds few of its 80,000 routes at 10,000 hosts, and a report
-    few of a host's records; converting all of them again took 1.4 s per save.
-
-    Keyed by identity, holding the record itself, so an id is never reused while its entry
-    lives. Only frozen records are kept, and the persisted ones hold tuples, never a dict
-    or list that could change under the kept conversion (tests/test_codec_memo.py checks
-    this). The returned dicts are shared between rounds: callers never change them."""
-
-    def __init__(self) -> None:
-        self._last: dict[int, tuple[Any, Any]] = {}
-        self._this: dict[int, tuple[Any, Any]] = {}
-        self.hits = 0
-        self.misses = 0
-
-    def turn(self) -> None:
-        """Start a round: what the previous round did not meet is dropped, so the memo
-        never holds more than two rounds' records."""
-        self._last, self._this = self._this, {}
-
-    def get(self, obj: Any) -> Any:
-        key = id(obj)
-        hit = self._this.get(key) or self._last.get(key)
-        if hit is not None and hit[0] is obj:
-            self.hits += 1
-            self._this[key] = hit
-            return hit[1]
-        self.misses += 1
-        cls: type = type(obj)
-        out = {name: to_dict(getattr(obj, name), self) for name in _fields(cls)}
-        self._this[key] = (obj, out)
-        return out
 
 
 def from_dict(cls: Any, data: Any, where: str = "$") -> Any:

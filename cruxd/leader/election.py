@@ -158,8 +158,9 @@ def _decoded(kv: Any) -> Any:
         return None
 
 
-def encode_state(doc: Any) -> bytes:
-    return zlib.compress(json.dumps(doc, allow_nan=False, separators=(",", ":")).encode(), 3)
+def encode_state(text: str) -> bytes:
+    """A state or plan document's JSON (codec_json.to_json), as stored in etcd."""
+    return zlib.compress(text.encode(), 3)
 
 
 def _holder(kv: Any) -> Holder | None:

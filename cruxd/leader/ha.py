@@ -16,7 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from cruxd.control.codec import Memo, to_dict
+from cruxd.control.codec_json import Memo, to_json
 from cruxd.leader.election import Election, Holder, Lost, encode_state
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class Candidate:
 
     async def _fence(self, plan: PublishedPlan) -> str | None:
         """Record the generation with its plan (so a successor resumes exactly it)."""
-        data = await asyncio.to_thread(lambda: encode_state(self._plan_dict(plan)))  # off the loop
+        data = await asyncio.to_thread(lambda: encode_state(self._plan_json(plan)))  # off the loop
         try:
             return await self.election.commit(generation=str(plan.generation).encode(),
                                               plan=data)
@@ -122,15 +122,16 @@ class Candidate:
             self._deposed.set()
             return str(exc)
 
-    def _plan_dict(self, plan: PublishedPlan) -> object:
-        """The plan's document; the routes a re-plan kept are not converted again (one
+    def _plan_json(self, plan: PublishedPlan) -> str:
+        """The plan's document; the routes a re-plan kept are not encoded again (one
         plan at a time, so one memo round per plan)."""
         self._memo.turn()
-        return to_dict(plan, self._memo)
+        return to_json(plan, self._memo)
 
-    async def _save(self, doc: dict[str, object]) -> None:
-        """The cluster view, after changes; the plan went with its generation."""
-        data = await asyncio.to_thread(encode_state, {**doc, "plan": None})
+    async def _save(self, view: str) -> None:
+        """The cluster view (its JSON, without the plan), after changes; the plan went
+        with its generation."""
+        data = await asyncio.to_thread(encode_state, view)
         try:
             why = await self.election.commit(state=data)
         except Lost:

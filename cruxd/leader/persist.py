@@ -10,8 +10,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from cruxd.config.model import Config
+from cruxd.config.statefile import write_parts_atomic
 from cruxd.control.cluster import ClusterState
-from cruxd.control.codec import Memo
+from cruxd.control.codec_json import Memo
 from cruxd.control.host_plans import PublishedPlan
 from cruxd.leader import store
 from cruxd.waits import wait_event
@@ -27,7 +28,7 @@ class LeaderPersistence:
     config: Config
     state: ClusterState
     plan: PublishedPlan | None
-    saver: Callable[[dict[str, object]], Awaitable[None]] | None
+    saver: Callable[[str], Awaitable[None]] | None  # HA: the view's JSON to etcd
     _high_water: int
     _unsaved: asyncio.Event
     _fanned: asyncio.Event
@@ -60,8 +61,9 @@ class LeaderPersistence:
             self._unsaved.clear()
             started = time.monotonic()
             self._snapshots += 1
-            numbered = self._snapshots, await store.snapshot_stepwise(
-                self.state, self.plan, memo=self._memo)
+            # HA: the plan went to etcd with its generation (Candidate._fence)
+            numbered = self._snapshots, await store.snapshot_json_stepwise(
+                self.state, self.plan if self.saver is None else None, self._memo)
             if self.saver is not None:
                 try:
                     await self.saver(numbered[1])
@@ -71,11 +73,11 @@ class LeaderPersistence:
                 await asyncio.to_thread(self._save, numbered)
             ready_at = time.monotonic() + 2 * (time.monotonic() - started)
 
-    def _snapshot(self, plan: PublishedPlan | None = None) -> tuple[int, dict[str, object]]:
+    def _snapshot(self, plan: PublishedPlan | None = None) -> tuple[int, str]:
         self._snapshots += 1
-        return self._snapshots, store.snapshot(self.state, plan or self.plan, self._memo)
+        return self._snapshots, store.snapshot_json(self.state, plan or self.plan, self._memo)
 
-    def _save(self, numbered: tuple[int, dict[str, object]] | None = None) -> None:
+    def _save(self, numbered: tuple[int, str] | None = None) -> None:
         seq, doc = numbered or self._snapshot()
         # Plan and persister threads may overlap: one writer at a time, and never an
         # older snapshot over a newer one (that would bring back an older generation).
@@ -85,9 +87,9 @@ class LeaderPersistence:
             self._saved_seq = seq
             self._write(doc)
 
-    def _write(self, doc: dict[str, object]) -> None:
+    def _write(self, text: str) -> None:
         try:
-            store.write_atomic(self.config.leader.state_file, doc)
+            write_parts_atomic(self.config.leader.state_file, (text,))
         except OSError as exc:
             LOG.error("cannot persist leader state to %s: %s", self.config.leader.state_file,
                       exc.strerror)

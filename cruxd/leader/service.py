@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cruxd.config.model import Config
 from cruxd.control.cluster import ClusterState
-from cruxd.control.codec import Memo
+from cruxd.control.codec_json import Memo
 from cruxd.control.host_plans import (
     JobMemo,
     LeaderPlanConfig,
@@ -81,7 +81,7 @@ class Leader(LeaderRpcs, LeaderPersistence):
         self._fanned = asyncio.Event()  # every open plan stream has sent the current plan
         self._save_lock = threading.Lock()
         self._snapshots = self._saved_seq = 0
-        self._memo = Memo()  # records converted at the last save (codec.Memo)
+        self._memo = Memo()  # records encoded at the last save (codec_json.Memo)
         self._high_water = 0  # the highest generation ever published (store.high_water_file)
         self.watchers = 0
         # HA (cruxd.leader.ha drives these): "single" (no HA), "active" or "standby"
@@ -97,7 +97,7 @@ class Leader(LeaderRpcs, LeaderPersistence):
         self._retrying = False  # HA: plans are failing to be recorded (not_publishing)
         self._planning = False  # a plan is being made (the persister waits)
         self._plan_free_at = 0.0  # monotonic: the next plan starts no sooner (_spaced)
-        self.saver: Callable[[dict[str, object]], Awaitable[None]] | None = None
+        self.saver: Callable[[str], Awaitable[None]] | None = None
         self._fanout: FanOut | None = None
         # what the last plan computed, reused where an event cannot change it; used from
         # the planning thread only, one plan at a time
