@@ -10,7 +10,7 @@ servicer (and whatever it checks) sees anything.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,20 +68,15 @@ def _unary(rpc: str, method: Callable[..., Any], on_reject: OnReject) -> Callabl
     return call
 
 
-def _stream(rpc: str, method: Callable[..., AsyncIterator[Message | bytes]],
-            on_reject: OnReject) -> Callable[..., AsyncIterator[Message | bytes]]:
-    # an async generator itself: gRPC tells stream handlers apart by their function type
-    async def call(request: Message | Garbled,
-                   context: Context) -> AsyncIterator[Message | bytes]:
+def _stream(rpc: str, method: Callable[..., Awaitable[None]],
+            on_reject: OnReject) -> Callable[..., Awaitable[None]]:
+    # a coroutine: gRPC then lets the method write its messages (context.write), which
+    # costs the fan-out to 10,000 streams less than items passed up through generators
+    async def call(request: Message | Garbled, context: Context) -> None:
         if isinstance(request, Garbled):
             await _refuse(rpc, request, context, on_reject)
             return
-        inner = method(request, context)
-        try:
-            async for item in inner:
-                yield item
-        finally:  # a client that leaves ends the servicer's stream (and its cleanup) now
-            await inner.aclose()  # type: ignore[attr-defined]
+        await method(request, context)
     return call
 
 

@@ -55,15 +55,14 @@ class LeaderPersistence:
         while True:
             await self._unsaved.wait()
             await asyncio.sleep(max(PERSIST_DELAY_S, ready_at - time.monotonic()))
-            while self._planning:
-                await asyncio.sleep(PERSIST_DELAY_S)
-            await wait_event(self._fanned, FANOUT_WAIT_S)  # the agents first
+            await self._plans_first()
             self._unsaved.clear()
             started = time.monotonic()
             self._snapshots += 1
             # HA: the plan went to etcd with its generation (Candidate._fence)
             numbered = self._snapshots, await store.snapshot_json_stepwise(
-                self.state, self.plan if self.saver is None else None, self._memo)
+                self.state, self.plan if self.saver is None else None, self._memo,
+                pause=self._plans_first)
             if self.saver is not None:
                 try:
                     await self.saver(numbered[1])
@@ -72,6 +71,14 @@ class LeaderPersistence:
             else:
                 await asyncio.to_thread(self._save, numbered)
             ready_at = time.monotonic() + 2 * (time.monotonic() - started)
+
+    async def _plans_first(self) -> None:
+        """Wait while a plan is being made, and until the newest has gone out on every plan
+        stream (FANOUT_WAIT_S at most): a save shares the GIL with both."""
+        await asyncio.sleep(0)
+        while self._planning:
+            await asyncio.sleep(PERSIST_DELAY_S)
+        await wait_event(self._fanned, FANOUT_WAIT_S)
 
     def _snapshot(self, plan: PublishedPlan | None = None) -> tuple[int, str]:
         self._snapshots += 1

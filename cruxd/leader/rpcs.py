@@ -9,7 +9,7 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -115,7 +115,9 @@ class LeaderRpcs(lgrpc.LeaderServicer):
                              agent_timeout_s=self.config.leader.agent_timeout_s)
 
     async def WatchPlan(self, request: lpb.WatchRequest,
-                        context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+                        context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Writes each plan's message for the host (cruxd.leader.fanout) until the client
+        leaves or this leader stops; a coroutine, not a generator (handlers._stream)."""
         await self.gate.check(context, "WatchPlan", request.host_id)
         await self._refuse_standby(context)
         try:
@@ -136,7 +138,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
                 published = self._published
                 wire = self.fanout()
                 if wire is not None and (first or wire.plan.generation != have):
-                    yield wire.message(host, have)
+                    await context.write(wire.message(host, have))
                     have, first = wire.plan.generation, False
                     state.delivered(host, have)
                     self.sent_one()

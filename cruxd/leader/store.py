@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +81,17 @@ def snapshot_json(state: ClusterState, plan: PublishedPlan | None,
 
 
 async def snapshot_json_stepwise(state: ClusterState, plan: PublishedPlan | None,
-                                 memo: Memo | None = None, step: int = 100) -> str:
-    """snapshot_json(), yielding to the event loop every `step` records: at 1,000 agents
-    the whole view took the loop for 0.5 s, and a job's arrival waited behind it. Each
-    record is encoded in one piece; a report arriving meanwhile lands in this snapshot or
-    in the next, like one arriving just after it."""
+                                 memo: Memo | None = None, step: int = 100,
+                                 pause: Callable[[], Awaitable[None]] | None = None) -> str:
+    """snapshot_json(), yielding to the event loop every `step` records (and awaiting
+    `pause` there, if given: the leader's plans go first): at 1,000 agents the whole view
+    took the loop for 0.5 s, and a job's arrival waited behind it. Each record is encoded
+    in one piece; a report arriving meanwhile lands in this snapshot or in the next, like
+    one arriving just after it."""
     parts = []
     for part in _snapshot_parts(state, plan, memo, step):
         if part is None:
-            await asyncio.sleep(0)
+            await (pause() if pause is not None else asyncio.sleep(0))
         else:
             parts.append(part)
     return "".join(parts)
