@@ -145,6 +145,8 @@ def print_report(args: argparse.Namespace, specs: list[JobSpec], *, arrivals: li
         dist_row(f"delivered to all {args.agents} agents", [r["all_s"] for r in lat],
                  target_all),
         dist_row("fan-out (all agents - first agent)", [r["fanout_s"] for r in lat]),
+        dist_row("  leader CPU meanwhile (to all agents)", [r["leader_cpu_s"] for r in lat]),
+        dist_row("  agents' workers' CPU meanwhile", [r["workers_cpu_s"] for r in lat]),
     ]))
     all_s = np.array([r["all_s"] for r in lat])
     if len(all_s):
@@ -167,6 +169,9 @@ def print_report(args: argparse.Namespace, specs: list[JobSpec], *, arrivals: li
     print(f"    plan_inputs + make_plan on the steady state's {len(specs):,} jobs in the benchmark")
     print("    process after every other process stopped (best of 2); the rest of the leader's")
     print("    planning time is waiting for the GIL and a core. p99 of so few samples ~ the max.")
+    print("    CPU meanwhile: from just before the job's Reports until every agent held its plan,")
+    print("    ms of CPU (all threads; the workers' summed); more than the wall time: the other")
+    print("    core helped.")
     print(f"    Agents' failed RPCs meanwhile: {lat_errors}.")
     print()
     print(f"(d) Leader memory ({args.agents} agents, {len(specs)}+ jobs; /proc/PID/status); "

@@ -177,6 +177,7 @@ def phase_latency(b: Bench, n: int, arrivals: list[tuple[int, JobSpec]], gap_s: 
         if not all(b.ask(b.all_workers(), "wait_quiet", 120.0, timeout=150)):
             raise RuntimeError("agents' reports after the last plan not acked in 120 s")
         time.sleep(gap_s)
+        lcpu0, wcpu0 = cpu_s(b.leader.pid), b.worker_cpu_s()
         (arr,) = b.ask([w], "arrive", spec)
         (hosts,) = b.ask([w], "wait_planned", (spec.job_id, list(spec.hosts), 120.0),
                          timeout=150)
@@ -187,6 +188,9 @@ def phase_latency(b: Bench, n: int, arrivals: list[tuple[int, JobSpec]], gap_s: 
                                        timeout=150) if ts is not None for t in ts]
         if len(per_agent) != n:
             raise RuntimeError(f"{spec.job_id}: generation {gen} not everywhere within 120 s")
+        # CPU from just before the arrival until every agent held its plan (the wait's
+        # polling, POLL_S, included): which side of the box the arrival kept busy
+        lcpu, wcpu = cpu_s(b.leader.pid) - lcpu0, b.worker_cpu_s() - wcpu0
         st = b.status()
         t0 = arr["t0"]
         lat = np.array(per_agent) - t0
@@ -195,7 +199,8 @@ def phase_latency(b: Bench, n: int, arrivals: list[tuple[int, JobSpec]], gap_s: 
                "half_s": float(np.median(lat)), "all_s": float(lat.max()),
                "ack_s": arr["acked"] - t0,
                "plan_s": st.plan_latency_s if st.plan_generation == gen else float("nan"),
-               "causes": list(st.plan_causes) if st.plan_generation == gen else ["?"]}
+               "causes": list(st.plan_causes) if st.plan_generation == gen else ["?"],
+               "leader_cpu_s": lcpu, "workers_cpu_s": wcpu}
         row["fanout_s"] = row["all_s"] - row["first_s"]
         out.append(row)
         print(f"    ... {spec.job_id} ({span} host{'s' if span > 1 else ''}, "

@@ -44,10 +44,10 @@ class _Kept:
     job: MergedJob
     fabric: bool
     hosts: tuple[str, ...]  # the flows' peers
-    nics: tuple[tuple[Nic, ...] | None, ...]  # theirs, by identity
+    nics: tuple[tuple[Nic, ...] | None, ...]  # theirs (kept objects: compared by identity)
     listening: tuple[frozenset[int] | None, ...]
     pairs: tuple[tuple[str, str], ...]  # the flows' host pairs
-    probed: tuple[tuple[DiscoveredPath, ...], ...]  # their paths
+    probed: tuple[tuple[DiscoveredPath, ...] | None, ...]  # their paths
     before: tuple[PeerRoute, ...]
     routes: list[PeerRoute]
 
@@ -79,20 +79,20 @@ class RouteMemo:
         pairs = tuple(dict.fromkeys((f.src, f.dst) for f in flows))
         routes = _build(job, flows, before, ctx, addresses)
         self._kept[job.job_id] = _Kept(
-            flows, job, ctx.fabric, hosts, tuple(ctx.nics.get(h) for h in hosts),
-            tuple(ctx.listening.get(h) for h in hosts), pairs,
-            tuple(ctx.paths.get(p, ()) for p in pairs), before, routes)
+            flows, job, ctx.fabric, hosts, tuple(map(ctx.nics.get, hosts)),
+            tuple(map(ctx.listening.get, hosts)), pairs, tuple(map(ctx.paths.get, pairs)),
+            before, routes)
         return routes
 
 
 def _same(k: _Kept, job: MergedJob, flows: tuple[FlowDecision, ...],
           before: tuple[PeerRoute, ...], ctx: RouteContext) -> bool:
-    nics, listening, paths = ctx.nics, ctx.listening, ctx.paths
+    # tuples compare item by item, by identity first: kept NICs and paths cost no more
     return (k.flows is flows and k.job is job and k.fabric == ctx.fabric
             and (k.before is before or k.before == before)
-            and all(nics.get(h) is n for h, n in zip(k.hosts, k.nics, strict=True))
-            and all(listening.get(h) == s for h, s in zip(k.hosts, k.listening, strict=True))
-            and all(paths.get(p, ()) == e for p, e in zip(k.pairs, k.probed, strict=True)))
+            and tuple(map(ctx.nics.get, k.hosts)) == k.nics
+            and tuple(map(ctx.listening.get, k.hosts)) == k.listening
+            and tuple(map(ctx.paths.get, k.pairs)) == k.probed)
 
 
 def _build(job: MergedJob, flows: tuple[FlowDecision, ...], before: tuple[PeerRoute, ...],
