@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cruxd.testing import BIN, Daemon, free_port, status, wait_for
+from cruxd.testing import BIN, Daemon, cruxctl, free_port, status, wait_for
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -123,6 +123,9 @@ def test_the_lock_goes_with_a_killed_holder(tmp_path: Path) -> None:
         pid = d.proc.pid
         wait_for("the new daemon's pid in the lock", lambda: lock.read_text() == f"{pid}\n")
         d.wait_log("resumed plan generation 1")
+        # the leader resumes before the agent opens its socket: wait for that, then ask
+        wait_for("the new daemon's agent answering",
+                 lambda: cruxctl("status", "--json", socket_path=d.socket).returncode == 0)
         assert status(d.socket)["agent"]["host_id"] == "h0"
     finally:
         assert d.stop() == 0, d.log_text()[-2000:]
