@@ -249,7 +249,7 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
     nics = inputs.nics
     decided = {d.job: d for d in result.jobs} if result else {}
     was = {a.job_id: a for a in previous.jobs} if previous is not None else {}
-    routes: dict[str, list[PeerRoute]] = {}
+    routes: dict[str, tuple[PeerRoute, ...]] = {}
     listening = listening_ports(merged)
     if result is not None:
         ctx = RouteContext(nics, paths, listening, fabric)
@@ -269,26 +269,27 @@ def make_plan(inputs: PlanInputs, topology: Topology | None, config: LeaderPlanC
         d = decided.get(m.job_id)
         if m.job_id not in routes:  # unplanned: the ring's peers still tell agents whom (and
             # toward which of the job's ports) to probe
-            routes[m.job_id] = [PeerRoute(src, dst, _addresses(nics, dst, None),
-                                          tcp_dport=0 if fabric else next(iter(m.ports_at(dst)), 0))
-                                for src, dst in _ring_pairs(hosts)]
+            routes[m.job_id] = tuple(
+                PeerRoute(src, dst, _addresses(nics, dst, None),
+                          tcp_dport=0 if fabric else next(iter(m.ports_at(dst)), 0))
+                for src, dst in _ring_pairs(hosts))
         if m.job_id in profiling and reserve:
             a = JobAssignment(m.job_id, JobState.PROFILING, level=profiling_level,
                               dscp=profiling_dscp, hosts=hosts, gpus=gpus,
-                              routes=tuple(routes.get(m.job_id, ())), note=notes.get(m.job_id, ""))
+                              routes=routes.get(m.job_id, ()), note=notes.get(m.job_id, ""))
             if d is not None:
                 a = replace(a, intensity=d.intensity, k=d.k, rank=d.rank)
         elif d is None:
             a = JobAssignment(m.job_id, JobState.UNMEASURED, level=unmeasured_level,
                               dscp=unmeasured_dscp, hosts=hosts, gpus=gpus,
-                              routes=tuple(routes[m.job_id]), note=notes.get(m.job_id, ""),
+                              routes=routes[m.job_id], note=notes.get(m.job_id, ""),
                               provisional=m.job_id in waiting)
         else:
             state_ = (JobState.QUEUED if inputs.profile.get(m.job_id) == "queued"
                       and can_profile(levels) else JobState.SCHEDULED)
             a = JobAssignment(m.job_id, state_, intensity=d.intensity, k=d.k,
                               rank=d.rank, level=d.level, dscp=d.dscp, hosts=hosts, gpus=gpus,
-                              routes=tuple(routes.get(m.job_id, ())))
+                              routes=routes.get(m.job_id, ()))
         kept = was.get(m.job_id)
         out.append(kept if kept == a else a)  # the same object again: see keep_ports
     out.sort(key=lambda a: (a.state is not JobState.PROFILING, -a.level, a.rank, a.job_id))

@@ -49,7 +49,7 @@ class _Kept:
     pairs: tuple[tuple[str, str], ...]  # the flows' host pairs
     probed: tuple[tuple[DiscoveredPath, ...] | None, ...]  # their paths
     before: tuple[PeerRoute, ...]
-    routes: list[PeerRoute]
+    routes: tuple[PeerRoute, ...]  # one tuple: the saves keep its text (codec_json.Memo)
 
 
 
@@ -69,7 +69,7 @@ class RouteMemo:
 
     def routes(self, job: MergedJob, flows: tuple[FlowDecision, ...],
                before: tuple[PeerRoute, ...], ctx: RouteContext,
-               addresses: Addresses) -> list[PeerRoute]:
+               addresses: Addresses) -> tuple[PeerRoute, ...]:
         """The job's routes for its `flows`; `before`: its routes in the previous plan."""
         k = self._kept.get(job.job_id)
         if k is not None and _same(k, job, flows, before, ctx):
@@ -96,7 +96,7 @@ def _same(k: _Kept, job: MergedJob, flows: tuple[FlowDecision, ...],
 
 
 def _build(job: MergedJob, flows: tuple[FlowDecision, ...], before: tuple[PeerRoute, ...],
-           ctx: RouteContext, addresses: Addresses) -> list[PeerRoute]:
+           ctx: RouteContext, addresses: Addresses) -> tuple[PeerRoute, ...]:
     fabric = ctx.fabric
     ports_at = dict(zip((h for h, _ in job.hosts), job.tcp_ports, strict=False))
     was = {(r.src_host, r.peer_host): r for r in before}
@@ -112,7 +112,7 @@ def _build(job: MergedJob, flows: tuple[FlowDecision, ...], before: tuple[PeerRo
             sport=0 if fabric else f.sport or 0, hops=() if fabric else f.hops,
             nic_port=f.src_port if f.src_port is not None else -1,
             tcp_dport=tcp_dport, tcp_sports=tcp_sports), was, chosen))
-    return out
+    return tuple(out)
 
 
 def _entries(pair: tuple[DiscoveredPath, ...], hops: tuple[str, ...]
