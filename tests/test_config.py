@@ -108,7 +108,8 @@ def test_embedded_default_for_a_user() -> None:
         ("static", None, "static", None)
     assert (a.addresses, a.reconnect_max_s) == ((), 30.0)
     ld = c.leader
-    assert (ld.listen, ld.topology, ld.levels, ld.dscp) == ("127.0.0.1:7470", None, 5, None)
+    assert (ld.listen, ld.topology, ld.levels, ld.dscp) == ("127.0.0.1:7470", None, 1, (26,))
+    assert ld.lossless_priorities == (3,)  # a stock RoCE fabric: PFC on priority 3 alone
     assert (ld.agent_timeout_s, ld.debounce_ms, ld.profiling_s) == (30.0, 50.0, 30.0)
     assert (ld.change_threshold, ld.star_nic_gbps, ld.max_jobs) == (0.10, 100.0, 100000)
     assert ld.tie_tolerance == 0.10
@@ -191,7 +192,7 @@ def test_example_runs_on_one_host_without_tls() -> None:
     assert (c.agent.leader, c.leader.listen) == ("127.0.0.1:7470", "127.0.0.1:7470")
     assert c.metrics.listen == "127.0.0.1:9477"
     assert c.leader.topology is None and c.agent.path_table is None
-    assert c.leader.dscp == (8, 16, 24, 32, 40)
+    assert (c.leader.levels, c.leader.dscp, c.leader.lossless_priorities) == (1, (26,), (3,))
 
 
 def test_example_dirs_follow_the_user() -> None:
@@ -204,7 +205,7 @@ def test_tls_example_loads() -> None:
     c = load_config(REPO / "examples" / "cruxd-tls.toml", env={}, euid=0)
     assert c.tls.enabled and c.roles == {"agent", "leader"}
     assert c.tls.ca == Path("/etc/crux/tls/ca.pem")
-    assert c.leader.dscp == (8, 16, 24, 32, 40)
+    assert (c.leader.levels, c.leader.dscp, c.leader.lossless_priorities) == (1, (26,), (3,))
 
 
 def test_docs_list_every_key() -> None:
@@ -285,7 +286,7 @@ def test_relative_paths_are_beside_the_file(tmp_path: Path,
     ('[agent]\naddresses = ["10.0.0.1", "10.0.1"]',
      'agent.addresses: "10.0.1" is not an IPv4 or IPv6 address'),
     ('[agent]\naddresses = ["::1", "0::1"]', "agent.addresses: ::1 is listed twice"),
-    ("[leader]\ndscp = [8, 16]",
+    ("[leader]\nlevels = 5\ndscp = [8, 16]",
      "leader.dscp: need one DSCP value per level: 5 levels, 2 values"),
     ("[leader]\nlevels = 2\ndscp = [8, 8]",
      "leader.dscp: DSCP values must be distinct: two levels would share a queue"),

@@ -96,7 +96,7 @@ def canned(answers: dict[str, tuple[int, str]]) -> dcb.Run:
     return runner
 
 
-LEVELS = (8, 16, 24, 32, 40)  # the default levels' DSCP: priorities 1-5
+LEVELS = (8, 16, 24, 32, 40)  # 5 levels on a lossy fabric: priorities 1-5
 
 
 def test_pfc_behind_crux_levels() -> None:

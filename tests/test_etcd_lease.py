@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cruxd.config.parse import parse_config
+from cruxd.leader.election import Election
 from cruxd.leader.etcd import EtcdClient
 from cruxd.leader.lease import LeaseKeeper
 from cruxd.testing.etcd_rig import EtcdCluster, etcd_missing
@@ -31,7 +32,7 @@ def test_the_lease_outlives_a_loop_blocked_past_it(tmp_path: Path) -> None:
         try:
             lease = await client.lease(TTL_S)
             hold = asyncio.create_task(LeaseKeeper(client, TTL_S).hold(
-                lease.id, errors.append, lambda: oks.append(1)))
+                lease.id, lambda why, sent: errors.append(why), lambda: oks.append(1)))
             await asyncio.sleep(0.1)  # the keeper's thread is up
             end = time.monotonic() + 2.5 * TTL_S
             while time.monotonic() < end:  # the loop busy in Python, past the lease
@@ -52,3 +53,20 @@ def test_the_lease_outlives_a_loop_blocked_past_it(tmp_path: Path) -> None:
     assert done is None  # never "the lease expired"
     assert left > 0, "the lease expired while the loop was busy"
     assert not errors and len(oks) >= 3
+
+
+def test_a_failure_older_than_a_success_is_not_reported() -> None:
+    """A keep-alive sent during an outage may time out after etcd is back and a commit
+    has gone through: reporting it would say plans are not published while they are."""
+    config = parse_config('[leader]\nha = "etcd"\netcd_endpoints = ["127.0.0.1:1"]\n',
+                          "<test>").leader
+    el = Election(config, "127.0.0.1:7470", "h0", client=object())  # type: ignore[arg-type]
+    heard: list[str] = []
+    el.on_error = heard.append
+    sent = time.monotonic()
+    el._failed("write", "DEADLINE_EXCEEDED")  # the outage
+    el._ok()  # etcd back: a commit succeeded
+    el._failed("lease keep-alive", "DEADLINE_EXCEEDED", sent)  # sent before that success
+    assert el.error == "" and heard == ["etcd write: DEADLINE_EXCEEDED", ""]
+    el._failed("lease keep-alive", "DEADLINE_EXCEEDED", time.monotonic())  # a new failure
+    assert el.error == "etcd lease keep-alive: DEADLINE_EXCEEDED"

@@ -67,7 +67,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         raise UsageError(f"no such interface under {args.sysfs}/class/net: {missing[0]}")
     found = [c.check_rdma(ports), c.check_tc_override(args.sysfs)]
     for dev in devs:
-        found += [dcb.check_trust(dev), dcb.check_pfc(dev, dscp),
+        found += [dcb.check_trust(dev),
+                  dcb.check_pfc(dev, dscp, lossless=lc.lossless_priorities),
                   dcb.check_ecn(args.sysfs, dev, dscp)]
     found += [c.check_port_range(args.proc, config.probing.tcp_sports),
               c.check_rp_filter(args.proc, devs), c.check_multipath_hash(args.proc),

@@ -22,7 +22,8 @@ LIVE_KEYS = frozenset({
     "agent.report_change",
     "agent.accept_job_hints",
     "agent.start_wait_s",
-    "leader.levels", "leader.dscp", "leader.debounce_ms", "leader.profiling_s",
+    "leader.levels", "leader.dscp", "leader.lossless_priorities", "leader.debounce_ms",
+    "leader.profiling_s",
     "leader.change_threshold", "leader.change_hold_s", "leader.failure_settle_s",
     "leader.job_settle_s", "leader.tie_tolerance",
     "leader.agent_timeout_s",
@@ -107,6 +108,9 @@ class LeaderConfig:
     topology: Path | None  # None: a star of the known hosts at star_nic_gbps
     levels: int
     dscp: tuple[int, ...] | None  # None: cruxd.scheduler.dscp.default_dscp(levels)
+    # the priorities the fabric runs PFC on (cruxd.scheduler.dscp.fabric_levels): the
+    # levels stay on them; (): lossy RoCE; None: not declared (levels and DSCP unchecked)
+    lossless_priorities: tuple[int, ...] | None
     agent_timeout_s: float
     debounce_ms: float
     profiling_s: float

@@ -53,7 +53,7 @@ from cruxd.config.probing_section import parse_probing
 from cruxd.config.toml_depth import MAX_DEPTH, too_deep
 from cruxd.control.records import PATH_SELECTIONS, PATHS_BY_CRUX
 from cruxd.errors import UsageError
-from cruxd.scheduler.dscp import DEFAULT_LEVELS, level_dscp
+from cruxd.scheduler.dscp import check_priorities, fabric_levels
 
 __all__ = [
     "EMBEDDED",
@@ -279,15 +279,22 @@ def _leader(s: Section, state_dir: Path) -> LeaderConfig:
     if topology is not None and topology.suffix.lower() not in (".json", ".yaml", ".yml"):
         raise s.error("topology", "expected a .json, .yaml or .yml file, "
                       f"got {json.dumps(topology.name)}")
-    levels = s.integer("levels", DEFAULT_LEVELS, Range(1, 8))
+    levels = s.integer("levels", 1, Range(1, 8)) if s.has("levels") else None
     dscp = s.integers("dscp")
+    lossless = s.integers("lossless_priorities") if s.has("lossless_priorities") else None
     try:
-        level_dscp(levels, dscp or None)
+        check_priorities(lossless or ())
     except ValueError as exc:
-        raise s.error("dscp" if dscp else "levels", str(exc)) from None
+        raise s.error("lossless_priorities", str(exc)) from None
+    try:
+        fabric = fabric_levels(levels, dscp or None, lossless)
+    except ValueError as exc:
+        key = "dscp" if dscp else "levels" if levels is not None else "lossless_priorities"
+        raise s.error(key, str(exc)) from None
     return LeaderConfig(
         listen=s.hostport("listen", "127.0.0.1:7470", min_port=0),
-        topology=topology, levels=levels, dscp=dscp or None,
+        topology=topology, levels=fabric.levels, dscp=fabric.dscp,
+        lossless_priorities=fabric.lossless if fabric.declared else None,
         agent_timeout_s=s.number("agent_timeout_s", 30.0, Range(0, 86400, lo_open=True)),
         debounce_ms=s.number("debounce_ms", 50.0, Range(0, 10000)),
         profiling_s=s.number("profiling_s", 30.0, Range(0, 3600)),

@@ -28,7 +28,7 @@ from grpc_health.v1._async import HealthServicer
 
 from cruxd import __version__
 from cruxd.config.hostport import format_hostport, parse_hostport
-from cruxd.config.model import Config, changed_keys
+from cruxd.config.model import Config, LeaderConfig, changed_keys
 from cruxd.config.parse import ConfigError, load_config, restart_required
 from cruxd.daemon import instance_lock
 from cruxd.daemon.exporter import Metrics
@@ -174,6 +174,7 @@ class Daemon:
         for name in (SERVICE, ""):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         LOG.info("leader listening on %s%s", leader.address, " (mTLS)" if creds else "")
+        _lossless_note(c.leader)
         return _loopback(host, port)
 
     def status_line(self) -> str:
@@ -232,6 +233,7 @@ class Daemon:
             setup_logging(new.log_level, log_format=new.log_format)
             if self.leader is not None:
                 self.leader.reload(new)
+                _lossless_note(new.leader)
             if self.agent is not None:
                 self.agent.reload(new)
             self.metrics.job_label = new.metrics.job_label  # the next scrape has it
@@ -301,3 +303,18 @@ async def serve(config: Config, path: Path | None, notifier: Notifier) -> int:
     finally:  # after shutdown's last write; a daemon refused the lock never held it
         if daemon.lock is not None:
             daemon.lock.release()
+
+
+def _lossless_note(lc: LeaderConfig) -> None:
+    """What the levels mean for RoCE: said once at start and on each reload, since a
+    level off the fabric's lossless priorities turns its jobs' RoCE lossy."""
+    where = ", ".join(f"DSCP {d} (priority {d >> 3})" for d in lc.dscp or ())
+    if lc.lossless_priorities is None:
+        LOG.warning("%d level(s) on %s, with no [leader] lossless_priorities: whether they "
+                    "are lossless is not checked; declare the priorities the fabric runs PFC "
+                    "on (docs/operations.md)", lc.levels, where)
+    elif lc.lossless_priorities:
+        LOG.info("%d level(s) on %s; lossless priorities %s", lc.levels, where,
+                 list(lc.lossless_priorities))
+    else:
+        LOG.info("%d level(s) on %s; lossy RoCE (lossless_priorities = [])", lc.levels, where)

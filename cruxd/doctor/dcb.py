@@ -71,8 +71,10 @@ def check_trust(dev: str, runner: Run = run) -> Check:
                  f"on the real NIC: mlnx_qos -i {dev}, or dcb apptrust show dev {dev}")
 
 
-def check_pfc(dev: str, dscp: Sequence[int], runner: Run = run) -> Check:
-    """PFC on the priorities crux's levels map to: lossless RoCE."""
+def check_pfc(dev: str, dscp: Sequence[int], runner: Run = run, *,
+              lossless: Sequence[int] | None = None) -> Check:
+    """PFC on the priorities crux's levels map to: lossless RoCE. `lossless`: the
+    configured `[leader] lossless_priorities` (None: not declared; (): lossy RoCE)."""
     rc, out = runner(["dcb", "pfc", "show", "dev", dev, "prio-pfc"])
     if rc != 0 or "prio-pfc" not in out:
         return Check(f"pfc {dev}", UNKNOWN, f"dcb pfc does not answer for {dev} "
@@ -83,6 +85,16 @@ def check_pfc(dev: str, dscp: Sequence[int], runner: Run = run) -> Check:
     prio = priorities(dscp, dscp_map(app) if rc == 0 else {})
     lossy = sorted({p for p in prio.values() if p not in on})
     where = ", ".join(f"DSCP {d}->{p}" for d, p in sorted(prio.items()))
+    unpaused = sorted(set(lossless or ()) - on)
+    if unpaused:  # the configuration says lossless, this NIC does not pause them
+        return Check(f"pfc {dev}", FAIL, f"[leader] lossless_priorities = "
+                     f"{sorted(lossless or ())}, but PFC is off here on {unpaused} (PFC on "
+                     f"{sorted(on)}; {where})", f"dcb pfc set dev {dev} prio-pfc "
+                     + " ".join(f"{p}:on" for p in unpaused)
+                     + ", and the same on the switch ports (docs/operations.md)")
+    if lossless == () and lossy:
+        return Check(f"pfc {dev}", OK, f"lossy RoCE, as configured (lossless_priorities = "
+                     f"[]; {where})")
     if not lossy:
         return Check(f"pfc {dev}", OK, f"PFC on every priority crux's levels use ({where})")
     if not on:

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,15 +57,22 @@ class Election:
         self.lease: Any = None
         self.term = 0
         self.error = ""  # the last etcd error, "" once a call succeeds
+        self._ok_at = 0.0  # time.monotonic() of the last call that succeeded
         self.on_error: Callable[[str], None] = lambda error: None  # hears `error` change
 
     def _ok(self) -> None:
+        self._ok_at = time.monotonic()
         if self.error:
             LOG.info("etcd reachable again")
             self.error = ""
             self.on_error("")
 
-    def _failed(self, what: str, exc: Exception | str) -> None:
+    def _failed(self, what: str, exc: Exception | str, sent: float | None = None) -> None:
+        """A call failed; `sent`: when it was sent. A failure of a call sent before a later
+        call succeeded is old news (a keep-alive that timed out across an outage which has
+        since ended): it would report etcd unreachable while plans are recorded."""
+        if sent is not None and sent < self._ok_at:
+            return
         msg = f"etcd {what}: {exc}"
         if msg != self.error:
             LOG.warning("%s", msg)
@@ -100,7 +108,7 @@ class Election:
         or until the lease is found expired. The keep-alives go from a thread of their own
         (cruxd.leader.lease): a busy loop let a 10,000-host leader's lease expire."""
         why = await LeaseKeeper(self.client, self.ttl).hold(
-            self.lease.id, lambda e: self._failed("lease keep-alive", e), self._ok)
+            self.lease.id, lambda e, sent: self._failed("lease keep-alive", e, sent), self._ok)
         self.lease = None
         return why
 

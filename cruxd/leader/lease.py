@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -60,26 +61,27 @@ class LeaseKeeper:
         self._client = client
         self._every_s = ttl_s / 3
 
-    async def hold(self, lease_id: int, on_error: Callable[[str], None],
+    async def hold(self, lease_id: int, on_error: Callable[[str, float], None],
                    on_ok: Callable[[], None]) -> str:
         """Keep `lease_id` alive until it is found expired: the reason. Each failed
-        keep-alive calls on_error(why) on this loop, each good one on_ok(). Cancel to
-        stop (the thread ends within one interval)."""
+        keep-alive calls on_error(why, when it was sent: time.monotonic()) on this loop,
+        each good one on_ok(). Cancel to stop (the thread ends within one interval)."""
         loop = asyncio.get_running_loop()
         stop = threading.Event()
         return await in_own_thread(
             lambda: self._run(lease_id, stop, loop, on_error, on_ok), "etcd-lease", stop)
 
     def _run(self, lease_id: int, stop: threading.Event, loop: asyncio.AbstractEventLoop,
-             on_error: Callable[[str], None], on_ok: Callable[[], None]) -> str:
+             on_error: Callable[[str, float], None], on_ok: Callable[[], None]) -> str:
         channel = self._client.blocking_channel()
         stub = rpc.LeaseStub(channel)
         try:
             while not stop.wait(self._every_s):
+                sent = time.monotonic()
                 try:
                     ttl = keep_alive(stub, lease_id, self._client.metadata)
                 except (grpc.RpcError, StopIteration) as exc:
-                    loop.call_soon_threadsafe(on_error, why_failed(exc))
+                    loop.call_soon_threadsafe(on_error, why_failed(exc), sent)
                     continue
                 if ttl <= 0:
                     return "the lease expired"
