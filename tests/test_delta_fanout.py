@@ -131,6 +131,19 @@ def test_agent_advances_on_watermarks_and_refuses_older_terms(short_dir: Path) -
         with TableReader(agent.config.agent.decision_table) as t:
             assert t.header().plan_generation == 6 and t.snapshot() == before
         assert agent.stale_refused == 1 and len(pokes) == 1  # the full plan's report only
+        # a full plan numbered below the table within the term (issue 37: a restarted leader
+        # served an older part): refused, the whole plan asked for again ...
+        c = JobAssignment("c", JobState.SCHEDULED, level=1, dscp=8, hosts=("h0",))
+        assert not agent.apply_plan(HostPlan(4, "h0", 0, 4, (c,), term=7))
+        with TableReader(agent.config.agent.decision_table) as t:
+            assert t.header().plan_generation == 6 and t.snapshot() == before
+        assert agent.stale_refused == 2
+        # ... and applied when the leader sends that number again: it is what it has
+        assert agent.apply_plan(HostPlan(4, "h0", 0, 4, (c,), term=7))
+        with TableReader(agent.config.agent.decision_table) as t:
+            assert t.header().plan_generation == 4 and {d.key[0] for d in t.snapshot()} == {"c"}
+        # a new term numbers on from the recorded generations: lower than the table is taken
+        assert agent.apply_plan(HostPlan(3, "h0", 0, 4, (a,), term=8))
     finally:
         agent.table.close()
         agent.registry.close()

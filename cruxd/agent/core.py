@@ -95,6 +95,7 @@ class Agent:
         self.first = FirstDecisions()
         self.term = 0  # the newest leader term seen: plans from older ones are refused
         self.stale_refused = 0
+        self._backwards: tuple[int, int] | None = None  # (term, generation) refused once
         self._restoring = False
         self._report_at = 0.0  # monotonic time of the last report built, and its cost
         self._report_cost = 0.0
@@ -166,16 +167,31 @@ class Agent:
 
     def apply_plan(self, hp: HostPlan) -> bool:
         """Apply one message of the plan stream; False when the table does not hold the
-        generation a watermark builds on (the stream must start over for a full plan)."""
+        generation a watermark builds on, or when a full plan goes back below the table
+        within a term for the first time (the stream must start over for a full plan)."""
         check_host_plan(hp, self.host_id)
         if hp.term < self.term:  # a deposed leader that has not noticed yet
             self.stale_refused += 1
             LOG.warning("plan %d refused: leader term %d, older than %d", hp.generation,
                         hp.term, self.term)
             return True
+        held = self.table.header().plan_generation
+        back = not hp.unchanged and hp.term == self.term and hp.generation < held
         self.term = hp.term
+        if back and self._backwards != (hp.term, hp.generation):
+            # lower than the table within one term: a leader's numbering went back (issue 37
+            # saw a restarted leader serve an older part). Ask for the whole plan once more;
+            # if the leader sends the same number again, it is what the leader has.
+            self._backwards = (hp.term, hp.generation)
+            self.stale_refused += 1
+            LOG.warning("plan %d refused: the table holds %d, a newer generation of term %d; "
+                        "asking for the whole plan again", hp.generation, held, hp.term)
+            return False
+        if back:
+            LOG.error("plan %d applied over %d: the leader sent the lower generation again "
+                      "(a restarted leader that lost its recorded generations?)",
+                      hp.generation, held)
         if hp.unchanged:
-            held = self.table.header().plan_generation
             if held != hp.base_generation:
                 LOG.warning("plan %d: unchanged since %d, but the table holds %d; asking for "
                             "the whole plan", hp.generation, hp.base_generation, held)

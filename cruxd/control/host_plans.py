@@ -73,9 +73,13 @@ class PublishedPlan:
     since: int = 0
     changed_at: dict[str, int] = field(default_factory=dict)
     path_selection: str = PATHS_BY_CRUX  # PATHS_BY_FABRIC: routes without ports or hops
-    _per_host: dict[str, HostPlan] = field(default_factory=dict, repr=False, compare=False)
-    _by_host: dict[str, list[JobAssignment]] = field(default_factory=dict, repr=False,
-                                                     compare=False)
+    # caches of for_host, never passed on: dataclasses.replace() of a renumbered or re-termed
+    # plan must not carry HostPlans of the old number (a restarted leader served generation
+    # 122 under the 124 it announced, and agents holding 123 went back: issue 37)
+    _per_host: dict[str, HostPlan] = field(default_factory=dict, init=False, repr=False,
+                                           compare=False)
+    _by_host: dict[str, list[JobAssignment]] = field(default_factory=dict, init=False,
+                                                     repr=False, compare=False)
 
     def plan_document(self) -> dict[str, Any] | None:
         """Plan.to_dict() of the scheduler's plan, built on first use."""

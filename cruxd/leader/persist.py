@@ -38,12 +38,18 @@ class LeaderPersistence:
     _saved_seq: int
     _memo: Memo
 
-    def _mark_published(self, generation: int) -> None:
+    def _mark_published(self, generation: int) -> str | None:
+        """Record `generation` as published before any agent sees it: None, or why it
+        could not be (then it must not go out: a restart would number other decisions
+        with it, as it did after a full disk, issue 37)."""
         try:
             store.save_high_water(self.config.leader.state_file, generation)
-        except OSError as exc:  # logged; only a crash before the next good write can cost
-            LOG.error("cannot record plan generation %d: %s", generation, exc.strerror)
+        except OSError as exc:
+            return (f"cannot record plan generation {generation} in "
+                    f"{store.high_water_file(self.config.leader.state_file)}: "
+                    f"{exc.strerror or exc}")
         self._high_water = max(self._high_water, generation)
+        return None
 
     async def _persister(self) -> None:
         """Saves the state after changes (set `_unsaved`: view changes and every

@@ -121,8 +121,10 @@ class Leader(LeaderRpcs, LeaderPersistence):
             # agents may hold any number up to the high water, with other decisions
             self.plan = replace(self.plan, generation=self._high_water + 1,
                                 since=self._high_water + 1, changed_at={})
-            if self.fence is None:
-                self._mark_published(self.plan.generation)
+            if self.fence is None and (why := self._mark_published(self.plan.generation)):
+                # served anyway: the saved plan's own decisions, which a later restart
+                # would serve under this same number again
+                LOG.error("%s", why)
             # the view was saved after that plan: it may hold jobs the plan lacks (a job that
             # arrived just before the kill), and agents that re-report them unchanged bring no
             # new cause: plan once on the restored view, as soon as the planner runs
@@ -302,8 +304,7 @@ class Leader(LeaderRpcs, LeaderPersistence):
             if reprobe is not None and self.plan is not None:
                 plan = carry_changes(self.plan, replace(
                     self.plan, generation=gen, planned_unix_ms=int(now * 1000),
-                    causes=("reprobe after a failure", *causes), reprobe=reprobe, term=self.term,
-                    _per_host={}, _by_host={}))
+                    causes=("reprobe after a failure", *causes), reprobe=reprobe, term=self.term))
             else:
                 plan = await asyncio.to_thread(self._make_plan, plan_inputs(self.state, now),
                                                cfg, gen, now, tuple(causes))
@@ -322,8 +323,9 @@ class Leader(LeaderRpcs, LeaderPersistence):
         # records only the number (the state, MBs at 1,000 agents, is saved after, off the
         # path to the agents); in HA the plan goes with it, in one fenced transaction, so
         # a successor resumes exactly this plan.
-        if self.fence is not None:
-            why = await self.fence(plan)
+        why = await (self.fence(plan) if self.fence is not None
+                     else asyncio.to_thread(self._mark_published, gen))
+        if why is not None or self._retrying:
             if why is not None:
                 log = LOG.debug if self._retrying else LOG.error  # once, not every retry
                 self.not_publishing, self._retrying = why, True
@@ -332,11 +334,8 @@ class Leader(LeaderRpcs, LeaderPersistence):
                 self._causes = [*causes, *self._causes]  # retried: next event, or in 1 s
                 asyncio.get_running_loop().call_later(1.0, self._wake.set)
                 return
-            if self._retrying:
-                LOG.info("publishing again (plan %d)", gen)
+            LOG.info("publishing again (plan %d)", gen)
             self.not_publishing, self._retrying = "", False
-        else:
-            await asyncio.to_thread(self._mark_published, gen)
         moved = self.replans.record(self.plan, plan)
         self.replans.forget(self.state.jobs)
         self.plan = plan
