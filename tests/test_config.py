@@ -446,3 +446,26 @@ def test_report_interval_range(value: float) -> None:
         assert parse(text).agent.report_interval_s == value
     else:
         assert "agent.report_interval_s: must be in (0.05, 3600]" in error(text)
+
+
+def test_an_integer_past_pythons_digit_limit_is_a_config_error() -> None:
+    """issue 37, item 11: `max_jobs = 1` and 5,000 zeros was a traceback."""
+    with pytest.raises(ConfigError, match="invalid TOML: Exceeds the limit"):
+        parse("[leader]\nmax_jobs = 1" + "0" * 5000 + "\n")
+
+
+def test_tls_files_that_are_not_regular_files_are_refused_not_waited_on(tmp_path: Path) -> None:
+    """issue 37, item 11: tls.ca naming a FIFO hung `cruxd --check-config` in OpenSSL's read."""
+    import os
+    import subprocess
+
+    from cruxd.testing import BIN
+
+    fifo = tmp_path / "ca.pem"
+    os.mkfifo(fifo)
+    conf = tmp_path / "cruxd.toml"
+    conf.write_text(f'[tls]\nca = "{fifo}"\ncert = "{fifo}"\nkey = "{fifo}"\n')
+    run = subprocess.run([str(BIN / "cruxd"), "--config", str(conf), "--check-config"],
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 2, run.stderr
+    assert f"tls.ca: cannot read {fifo}: not a regular file" in run.stderr

@@ -133,6 +133,8 @@ def parse_config(text: str, source: str, *, env: Mapping[str, str] = os.environ,
         raise ConfigError(source, None, _syntax(str(exc))) from exc
     except RecursionError:  # the scan above should have caught it; never a traceback
         raise ConfigError(source, None, "invalid TOML: nested too deeply") from None
+    except ValueError as exc:  # Python's int-digits limit: `max_jobs = 1` and 5,000 zeros
+        raise ConfigError(source, None, f"invalid TOML: {str(exc).split(';')[0]}") from None
     base = None if source.startswith("<") else Path(source).absolute().parent
     try:
         return _build(doc, source, base, env, os.geteuid() if euid is None else euid)

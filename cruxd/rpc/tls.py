@@ -6,12 +6,14 @@ leader's certificate against the same CA. Files are read at start (and reload).
 
 from __future__ import annotations
 
+import errno
 import ssl
 from pathlib import Path
 
 import grpc
 
 from cruxd.config.model import CONTROL_DSCP, TlsConfig
+from cruxd.config.statefile import read_small
 from cruxd.errors import CruxError, UsageError
 
 
@@ -40,10 +42,22 @@ def dscp_options(dscp: int | None) -> list[tuple[str, int]]:
     return [] if dscp is None else [("grpc.dscp", dscp)]
 
 
+MAX_PEM = 1 << 20  # a CA bundle of a few hundred certificates; bounds a wrong file's cost
+
+
+def _load(path: Path) -> bytes:
+    """The file, which must be a regular one (a FIFO there hung --check-config) of at most
+    MAX_PEM bytes; OSError saying why not."""
+    data, _ = read_small(path, MAX_PEM + 1)
+    if len(data) > MAX_PEM:
+        raise OSError(errno.EFBIG, f"over {MAX_PEM >> 20} MiB: not a PEM file")
+    return data
+
+
 def _read(path: Path | None, what: str) -> bytes:
     assert path is not None
     try:
-        return path.read_bytes()
+        return _load(path)
     except OSError as exc:
         raise CruxError(f"tls.{what}: cannot read {path}: {exc.strerror}") from None
 
@@ -57,6 +71,11 @@ def check_files(tls: TlsConfig) -> None:
     if not tls.enabled:
         return
     assert tls.ca is not None and tls.cert is not None and tls.key is not None
+    for key, path in (("ca", tls.ca), ("cert", tls.cert), ("key", tls.key)):
+        try:  # regular files of a sane size, before OpenSSL opens them (a FIFO hung)
+            _load(path)
+        except OSError as exc:
+            raise UsageError(_why(path, exc, "unreadable"), where=f"tls.{key}") from None
     for key, path in (("ca", tls.ca), ("cert", tls.cert)):
         try:  # a trust store takes any certificate: this parses the file, nothing more
             ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
