@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,17 +113,23 @@ class JobSockCounts:
     listen_ports: tuple[int, ...] = ()  # over its processes, sorted
 
 
+U64_MAX = (1 << 64) - 1  # the wire's uint64
+
+
+def sat_sum(values: Iterable[int]) -> int:
+    """A sum that stops at U64_MAX: records are written by the jobs, and two counters at
+    2^64 - 1 summed past the wire's uint64 made `cruxctl status` fail (issue 37)."""
+    return min(sum(values), U64_MAX)
+
+
 def by_job(records: list[SockCounts]) -> list[JobSockCounts]:
-    """The counters summed over each job's processes, ordered by job id."""
+    """The counters summed over each job's processes (saturating), ordered by job id."""
     out = []
     for job, recs in sorted(group_by_job(records).items()):
-        counts = dict.fromkeys(OUTCOMES, 0)
-        for r in recs:
-            for k, v in r.counters.items():
-                counts[k] += v
-        out.append(JobSockCounts(job, len(recs), counts, sum(r.calls for r in recs),
-                                 sum(r.accepts for r in recs), job_bytes_sent(recs),
-                                 sum(r.send_calls for r in recs), job_listen_ports(recs)))
+        counts = {k: sat_sum(r.counters.get(k, 0) for r in recs) for k in OUTCOMES}
+        out.append(JobSockCounts(job, len(recs), counts, sat_sum(r.calls for r in recs),
+                                 sat_sum(r.accepts for r in recs), job_bytes_sent(recs),
+                                 sat_sum(r.send_calls for r in recs), job_listen_ports(recs)))
     return out
 
 
@@ -135,7 +142,7 @@ def group_by_job(records: list[SockCounts]) -> dict[str, list[SockCounts]]:
 
 def job_bytes_sent(records: list[SockCounts]) -> int:
     """The payload bytes one job's processes sent over TCP (their records, summed)."""
-    return sum(r.bytes_sent for r in records)
+    return sat_sum(r.bytes_sent for r in records)
 
 
 def job_listen_ports(records: list[SockCounts]) -> tuple[int, ...]:

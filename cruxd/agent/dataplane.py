@@ -23,7 +23,7 @@ from transport.pcie import PcieLockError, PcieLocks, PcieSwitch, shared_links
 from transport.pcie_links import LinkMap, LinkMapError, device_links, write_map
 from transport.pid_files import MAX_FILES, SkippedFiles
 from transport.qp_records import ProcessRecords, classify, read_dir
-from transport.sock_records import SockCounts, by_job
+from transport.sock_records import U64_MAX, SockCounts, by_job, sat_sum
 from transport.sock_records import read_dir as read_sock_dir
 
 LOG = logging.getLogger("cruxd.agent")
@@ -163,6 +163,7 @@ class DataPlane:
         out = dict(self._busy_gone)
         for (job, _, _), n in self._busy_live.items():
             out[job] = out.get(job, 0) + n
+        out = {job: min(n, U64_MAX) for job, n in out.items()}  # the jobs wrote them
         self.last_busy = out  # replaced whole: a scrape thread reads it
         return out
 
@@ -182,10 +183,10 @@ class DataPlane:
             jobs.setdefault(r.job_id, []).append(r)
         return [apb.NcclProfilerStatus(
             job_id=job, processes=len(rs), api_version=max(r.api_version for r in rs),
-            communicators=sum(len(r.comms) for r in rs),
-            communicators_dropped=sum(r.comms_dropped for r in rs),
-            collectives=sum(c.colls for r in rs for c in r.comms),
-            events=sum(r.events for r in rs), bad_events=sum(r.bad_events for r in rs),
+            communicators=sat_sum(len(r.comms) for r in rs),
+            communicators_dropped=sat_sum(r.comms_dropped for r in rs),
+            collectives=sat_sum(c.colls for r in rs for c in r.comms),
+            events=sat_sum(r.events for r in rs), bad_events=sat_sum(r.bad_events for r in rs),
             chain=max((r.chain for r in rs), key=lambda c: CHAIN.index(c) if c in CHAIN else 9),
             chained=next((r.chained for r in rs if r.chained), ""),
             last_write_age_s=max(0.0, (now - max(r.written_ns for r in rs)) / 1e9))

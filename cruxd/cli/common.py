@@ -48,8 +48,9 @@ def console(stderr: bool = False) -> Console:
     env = os.environ
     wide = not _isatty(sys.stderr if stderr else sys.stdout) and not env.get(
         "COLUMNS", "").isdigit()
+    # emoji off: ":x:" in a job id is two colons and an x, not a picture (safe_text.py)
     return Console(stderr=stderr, width=UNBOUNDED if wide else None, soft_wrap=wide,
-                   color_system=None if env.get("NO_COLOR", "") != "" else "auto")
+                   color_system=None if env.get("NO_COLOR", "") != "" else "auto", emoji=False)
 
 
 def _isatty(stream: TextIO) -> bool:

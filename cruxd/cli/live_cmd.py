@@ -186,9 +186,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:  # the tables (rich) only for people: --json stays quick
         from cruxd.cli.common import console as _console
+        from cruxd.cli.safe_text import scrub
         from cruxd.cli.status_view import print_status
 
-        print_status(_console(), agent, cluster, time.time())
+        # every string came from jobs, other users or hosts: made safe for rich and a tty
+        print_status(_console(), agent and scrub(agent), cluster and scrub(cluster),
+                     time.time())
     return 0
 
 
@@ -222,13 +225,12 @@ def _explain(args: argparse.Namespace) -> int:
         json.dump(e, sys.stdout, indent=2, allow_nan=False, default=str)
         sys.stdout.write("\n")
     else:
-        from rich.markup import escape
-
         from cruxd.cli.common import console as _console
+        from cruxd.cli.safe_text import safe
 
         out = _console()
         for line in lines(e):
-            out.print(escape(line))
+            out.print(safe(line))
     return 0
 
 
@@ -239,9 +241,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         from cruxd.cli.common import console as _console
+        from cruxd.cli.safe_text import scrub
         from cruxd.cli.status_view import print_jobs
 
-        print_jobs(_console(), list(reply.jobs.jobs))
+        print_jobs(_console(), list(scrub(reply.jobs).jobs))
     return 0
 
 

@@ -182,7 +182,8 @@ def _qps(qps: list[Any]) -> Table:
                 0, q.wire_traffic_class):  # the program asked for its own (NCCL_IB_TC)
             wire += f", job asked {q.orig_traffic_class}"
         t.add_row(q.job_id or "-", str(q.pid), f"{q.device}:{q.qpn}", q.peer,
-                  f"[{style.get(q.state, '')}]{q.state}[/]", got, want, q.outcome, wire)
+                  f"[{st}]{q.state}[/]" if (st := style.get(q.state)) else q.state or "-",
+                  got, want, q.outcome, wire)
     return t
 
 
@@ -235,8 +236,10 @@ def print_jobs(console: Console, jobs: list[Any]) -> None:
 
 
 def print_live_plan(console: Console, doc: dict[str, Any]) -> None:
-    console.print(f"plan {doc['generation']} on fabric {doc['topology']}; because: "
-                  f"{'; '.join(doc['causes'][:4]) or '-'}")
+    from cruxd.cli.safe_text import safe  # job ids and causes are the jobs' own words
+
+    console.print(f"plan {doc['generation']} on fabric {safe(doc['topology'])}; because: "
+                  f"{safe('; '.join(doc['causes'][:4])) or '-'}")
     plan = doc.get("plan")
     if not plan:
         console.print(doc.get("note") or "no job could be planned by the scheduler yet "
@@ -246,7 +249,7 @@ def print_live_plan(console: Console, doc: dict[str, Any]) -> None:
     for col in ("rank", "job", "I_j", "k_j", "level", "DSCP"):
         t.add_column(col)
     for j in plan["jobs"]:
-        t.add_row(str(j["rank"]), j["job"], _num(j["intensity"] if j["intensity"] is not None
+        t.add_row(str(j["rank"]), safe(j["job"]), _num(j["intensity"] if j["intensity"] is not None
                                                  else math.inf), _num(j["k"]), str(j["level"]),
                   str(j["dscp"]))
     console.print(t)

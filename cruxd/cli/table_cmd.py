@@ -85,6 +85,7 @@ def _print(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
     from cruxd.cli.common import console
+    from cruxd.cli.safe_text import safe
 
     out = console()
     out.print(f"decision table {doc['path']}: generation {doc['generation']}, plan "
@@ -96,7 +97,9 @@ def _print(doc: dict[str, Any]) -> None:
         t.add_column(col)
     for e in doc["entries"]:
         sports = e["tcp_sports"]
-        t.add_row(e["job_id"], e["peer"] or "(job-wide)", str(e["level"]), str(e["dscp"]),
+        # job ids are the jobs' own words (cruxd/cli/safe_text.py)
+        t.add_row(safe(e["job_id"]), safe(e["peer"] or "(job-wide)"), str(e["level"]),
+                  str(e["dscp"]),
                   str(e["traffic_class"]), str(e["sport"] or "-"), str(e["tcp_dport"] or "-"),
                   (",".join(map(str, sports[:4])) + (f" +{len(sports) - 4}" if len(sports) > 4
                                                      else "")) or "-",
