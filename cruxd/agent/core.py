@@ -271,10 +271,17 @@ class Agent:
             saved = self.store.load()
         except FileNotFoundError:
             return
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        except OSError as exc:
             LOG.error("agent state %s unreadable (%s); starting with no jobs",
                       self.state_file, exc)
             return
+        if self.store.snapshot_error:
+            LOG.error("agent state %s damaged (%s); restoring what its journal holds",
+                      self.state_file, self.store.snapshot_error)
+        if self.store.skipped:
+            LOG.warning("agent state %s: %d damaged or invalid job entr%s skipped",
+                        self.state_file, self.store.skipped,
+                        "y" if self.store.skipped == 1 else "ies")
         self._restoring = True
         try:
             for s in saved:

@@ -18,13 +18,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cruxd.agent.registry import SavedJob
-from cruxd.config.statefile import write_atomic
+from cruxd.config.statefile import read_small, write_atomic
 from cruxd.control.codec import from_dict, to_dict
 from cruxd.control.records import LocalJob, Measurement
+from cruxd.control.validate import (
+    InvalidMessage,
+    check_job_id,
+    check_local_job,
+    check_measurement,
+)
 
 STATE_FORMAT = "crux-agent-state/1"
 COMPACT_MIN = 256  # journal lines kept before the first rewrite, whatever the job count
@@ -51,43 +58,67 @@ def _process_uid(pid: int) -> int:
         return 0
 
 
-# what json and from_doc raise on a line this agent did not write whole
+# what json, from_doc and the checks raise on an entry this agent did not write whole
 _DAMAGED = (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError,
-            OverflowError)
+            OverflowError, InvalidMessage)
+MAX_LINE = 64 << 10  # one job's entry is well under 2 KiB: a longer line is damage
+MAX_SNAPSHOT = 64 << 20  # 4,096 jobs' entries are a few MB
+
+
+def _entry(e: Any) -> SavedJob:
+    """A saved job, checked as a Report's job is (a job id the leader would refuse, adopted
+    unchecked, had the leader refuse every Report of the host: issue 37)."""
+    s = from_doc(e)
+    check_local_job(s.job)
+    check_measurement(s.hints, "hints")
+    return s
+
 
 class JobStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.journal = path.with_name(path.name + ".journal")
         self._lines = 0
+        self.skipped = 0  # entries the last load found damaged or invalid, and skipped
+        self.snapshot_error = ""  # why the last load could not use the snapshot
 
     def load(self) -> list[SavedJob]:
-        """The saved jobs; FileNotFoundError when there is nothing saved, ValueError (and
-        KeyError, TypeError, AttributeError) when the snapshot is not one this agent wrote.
-        A torn last journal line (a crash mid-append) is ignored."""
+        """The saved jobs: the snapshot's, then the journal's changes over them.
+        FileNotFoundError when there is nothing saved. A damaged snapshot costs its own
+        entries (`snapshot_error` says why), not the journal's; a damaged or invalid entry
+        or line costs that entry (`skipped` counts them); a torn last journal line (a crash
+        mid-append) is one of those."""
         jobs: dict[str, SavedJob] = {}
+        self.skipped, self.snapshot_error = 0, ""
         try:
-            doc = json.loads(self.path.read_text())
+            raw, _ = read_small(self.path, MAX_SNAPSHOT + 1)
+            if len(raw) > MAX_SNAPSHOT:
+                raise ValueError(f"over {MAX_SNAPSHOT >> 20} MiB")
+            doc = json.loads(raw)
             if doc.get("format") == STATE_FORMAT:
                 for e in doc["jobs"]:
-                    s = from_doc(e)
+                    try:
+                        s = _entry(e)
+                    except _DAMAGED:
+                        self.skipped += 1
+                        continue
                     jobs[s.job.job_id] = s
         except FileNotFoundError:
             if not self.journal.exists():
                 raise
-        except (RecursionError, OverflowError) as exc:  # nesting, or int(1e400): damaged
-            raise ValueError(f"{self.path}: {type(exc).__name__}: {exc}") from None
-        with contextlib.suppress(FileNotFoundError), open(self.journal) as f:
-            for line in f:
-                try:  # a damaged line costs that change, not the jobs around it
-                    change = json.loads(line)
-                    if "drop" in change:
-                        jobs.pop(str(change["drop"]), None)
-                    else:
-                        s = from_doc(change["set"])
-                        jobs[s.job.job_id] = s
-                except _DAMAGED:
-                    continue
+        except (OSError, *_DAMAGED) as exc:  # the journal may still hold the jobs
+            self.snapshot_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            jobs.clear()
+        for line in _lines(self.journal):
+            try:  # a damaged line costs that change, not the jobs around it
+                change = json.loads(line)
+                if "drop" in change:
+                    jobs.pop(check_job_id(str(change["drop"])), None)
+                else:
+                    s = _entry(change["set"])
+                    jobs[s.job.job_id] = s
+            except _DAMAGED:
+                self.skipped += 1
         return list(jobs.values())
 
     def changed(self, job_id: str, saved: SavedJob | None, jobs: int) -> bool:
@@ -110,3 +141,21 @@ class JobStore:
         with contextlib.suppress(FileNotFoundError):
             os.truncate(self.journal, 0)
         self._lines = 0
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    """The file's lines, each at most MAX_LINE bytes: a longer one is yielded as b"" (a
+    damaged line) and its rest skipped unread into memory (a 200 MB one-line journal cost
+    497 MB of RSS: issue 37)."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below; a missing file yields nothing)
+    except FileNotFoundError:
+        return
+    with f:
+        while line := f.readline(MAX_LINE + 1):
+            if len(line) <= MAX_LINE:
+                yield line
+                continue
+            while line and not line.endswith(b"\n"):  # the rest of the long line
+                line = f.readline(MAX_LINE + 1)
+            yield b""

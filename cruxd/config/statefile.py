@@ -22,7 +22,14 @@ def read_small(path: Path, limit: int, *, follow: bool = True) -> tuple[bytes, o
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return os.read(fd, limit), st
+        # no `limit`-sized buffer for a small file (a 64 MiB bound cost 64 MiB a read)
+        if st.st_size:
+            return os.read(fd, min(limit, st.st_size + 1)), st
+        chunks, total = [], 0  # empty, or procfs/sysfs, whose files do not know their size
+        while total < limit and (chunk := os.read(fd, min(1 << 16, limit - total))):
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks), st
     finally:
         os.close(fd)
 
