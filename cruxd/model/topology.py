@@ -90,6 +90,13 @@ class Topology:
         return sum(n.gpus for n in self.nodes.values())
 
 
+# Ten times the largest fabric planned (bench/control_plane.py: 20,480 hosts, 0.3M directed
+# links); what a builder's parameters can make us allocate (issue 37: a clos2 of 10^8 hosts
+# ran until memory ran out)
+MAX_NODES = 200_000
+MAX_LINKS = 2_000_000
+
+
 class TopologyBuilder:
     """Collects nodes and links, validates them, and freezes a `Topology`."""
 
@@ -112,6 +119,8 @@ class TopologyBuilder:
             raise TopologyError(f"duplicate node {node.id!r}")
         if node.gpus < 0:
             raise TopologyError(f"node {node.id!r}: gpus must be >= 0")
+        if len(self._nodes) >= MAX_NODES:
+            raise TopologyError(f"more than {MAX_NODES:,} nodes: not a fabric crux plans")
         self._nodes[node.id] = node
         return node.id
 
@@ -124,6 +133,8 @@ class TopologyBuilder:
                 self._directed(b, a, gbps, latency_us)
 
     def _directed(self, a: str, b: str, gbps: float, latency_us: float) -> None:
+        if len(self._links) >= MAX_LINKS:
+            raise TopologyError(f"more than {MAX_LINKS:,} links: not a fabric crux plans")
         for end in (a, b):
             if end not in self._nodes:
                 raise TopologyError(f"link {a}->{b}: unknown node {end!r}")

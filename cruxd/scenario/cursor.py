@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from cruxd.config.statefile import read_small
 from cruxd.errors import ScenarioError
+
+# what a message may quote of the file: a word that could be a field, an id or a name
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@/+=-]{0,39}")
 
 
 class Cursor:
@@ -35,8 +40,12 @@ class Cursor:
         for key in self.value:
             if not isinstance(key, str) or key not in required | optional:
                 allowed = ", ".join(sorted(required | optional))
-                raise ScenarioError(f"unknown field {key!r} (allowed: {allowed})",
-                                    path=self._child_path(key))
+                if isinstance(key, str) and _NAME.fullmatch(key):  # a typo: name it
+                    raise ScenarioError(f"unknown field {key!r} (allowed: {allowed})",
+                                        path=self._child_path(key))
+                # not a field name: this is not a scenario, and its text stays out of the
+                # message (a password file's line parsed as a YAML key: issue 37)
+                raise self.fail(f"a field that is not a field name (allowed: {allowed})")
         for key in sorted(required):
             if key not in self.value:
                 raise self.fail(f"missing field {key!r}")
@@ -110,21 +119,36 @@ def _kind(v: object) -> str:
     if isinstance(v, bool):
         return "a boolean"
     if isinstance(v, str):
-        return f"the string {v!r}" if len(v) < 40 else "a string"
+        return f"the string {v!r}" if _NAME.fullmatch(v) else "a string"
     return {dict: "an object", list: "a list", int: f"the integer {v}",
             float: f"the number {v}"}.get(type(v), type(v).__name__)
 
 
+class _Constant(ValueError):
+    """NaN or Infinity in a JSON file (json.loads takes them): the message is ours."""
+
+
 def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+    raise _Constant(f"{name} is not valid JSON")
+
+
+MAX_DOCUMENT = 64 << 20  # the largest bundled scenario is a few hundred KB
 
 
 def load_document(path: Path) -> Any:
-    """Parse a JSON or YAML file (by suffix); ScenarioError naming the file on failure."""
+    """Parse a JSON or YAML file (by suffix); ScenarioError naming the file on failure. A
+    regular file of at most MAX_DOCUMENT bytes: /dev/zero read until MemoryError, and a
+    FIFO hung `cruxctl plan` (issue 37)."""
     try:
-        text = path.read_text()
+        raw, _ = read_small(path, MAX_DOCUMENT + 1)
     except OSError as exc:
         raise ScenarioError(f"cannot read: {exc.strerror}", where=str(path)) from exc
+    if len(raw) > MAX_DOCUMENT:
+        raise ScenarioError(f"over {MAX_DOCUMENT >> 20} MiB: not a scenario", where=str(path))
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise ScenarioError("not UTF-8 text", where=str(path)) from None
     try:
         if path.suffix.lower() in (".yaml", ".yml"):
             return yaml.safe_load(text)
@@ -137,6 +161,11 @@ def load_document(path: Path) -> Any:
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         raise ScenarioError(f"invalid YAML{at}: {exc.problem or exc.context}",
                             where=str(path)) from exc
-    except (yaml.YAMLError, ValueError) as exc:
-        raise ScenarioError(f"cannot parse: {str(exc).splitlines()[0]}",
+    except _Constant as exc:
+        raise ScenarioError(f"cannot parse: {exc}", where=str(path)) from exc
+    except (yaml.YAMLError, ValueError) as exc:  # the kind only: a message may quote the file
+        kind = "YAML" if path.suffix.lower() in (".yaml", ".yml") else "JSON"
+        raise ScenarioError(f"cannot parse it as {kind} ({type(exc).__name__})",
                             where=str(path)) from exc
+    except RecursionError:
+        raise ScenarioError("nested too deeply", where=str(path)) from None
