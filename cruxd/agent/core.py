@@ -311,6 +311,8 @@ class Agent:
             self.rejected += 1
             raise Refused(Refusal.EXHAUSTED, f"this host has {limit} jobs, agent.max_jobs; "
                           f"{job.job_id!r} not registered")
+        if cred.pid not in self.registry.owners(job.job_id):  # a new process: one descriptor
+            self._check_processes(job.job_id, cred)
         try:
             return self.registry.register(job, hints, cred.pid, cred.uid)
         except ProcessLookupError:
@@ -320,6 +322,22 @@ class Agent:
             self.rejected += 1
             raise Refused(Refusal.EXHAUSTED, f"cannot watch process {cred.pid}: "
                           f"{exc.strerror or exc}") from None
+
+    def _check_processes(self, job_id: str, cred: PeerCred) -> None:
+        """Each registered process holds a descriptor here: one job's, or one user's, could
+        take them all (1,100 processes of one job starved an agent of nofile 1024 into
+        failing its saves and accepts: issue 37)."""
+        a = self.config.agent
+        if self.registry.processes(job_id) >= a.max_processes_per_job:
+            self.rejected += 1
+            raise Refused(Refusal.EXHAUSTED, f"job {job_id!r} has {a.max_processes_per_job} "
+                          "processes registered here, agent.max_processes_per_job; process "
+                          f"{cred.pid} runs unscheduled")
+        if cred.uid != 0 and self.registry.processes_of(cred.uid) >= a.max_processes_per_user:
+            self.rejected += 1
+            raise Refused(Refusal.EXHAUSTED, f"uid {cred.uid} has {a.max_processes_per_user} "
+                          "processes registered here, agent.max_processes_per_user; process "
+                          f"{cred.pid} runs unscheduled")
 
     def deregister(self, job_id: str, cred: PeerCred) -> None:
         if job_id not in self.registry:

@@ -130,6 +130,15 @@ class Registry:
         entry = self._jobs.get(job_id)
         return tuple(entry.owners) if entry else ()
 
+    def processes(self, job_id: str) -> int:
+        """Processes registered in the job here."""
+        entry = self._jobs.get(job_id)
+        return len(entry.owners) if entry else 0
+
+    def processes_of(self, uid: int) -> int:
+        """Processes registered here by user `uid`, in all its jobs."""
+        return sum(len(e.owners) for e in self._jobs.values() if e.uid == uid)
+
     def owner_uid(self, job_id: str) -> int | None:
         entry = self._jobs.get(job_id)
         return entry.uid if entry else None

@@ -53,6 +53,9 @@ class AgentConfig:
     max_connections_per_uid: int = 64
     request_timeout_s: float = 5.0  # for a whole request frame, and for sending its reply
     max_jobs: int = 256  # jobs registered here; matches leader.max_jobs_per_host's default
+    # processes registered (one pidfd each): one job, and all jobs of one non-root user
+    max_processes_per_job: int = 256
+    max_processes_per_user: int = 1024
     refresh_s: float = 300.0  # a report at least this often, changed or not
     report_change: float = 0.05  # a measurement figure moving this much (relative) reports
     leader_fallback: tuple[str, ...] = ()  # other leaders to try, in turn, when it fails

@@ -235,6 +235,8 @@ def _agent(a: Section, runtime_dir: Path, state_dir: Path) -> AgentConfig:
         max_connections_per_uid=a.integer("max_connections_per_uid", 64, Range(1, 65536)),
         request_timeout_s=a.number("request_timeout_s", 5.0, Range(0, 3600, lo_open=True)),
         max_jobs=a.integer("max_jobs", 256, Range(1, 4096)),
+        max_processes_per_job=a.integer("max_processes_per_job", 256, Range(1, 65536)),
+        max_processes_per_user=a.integer("max_processes_per_user", 1024, Range(1, 65536)),
         leader=a.hostport("leader", "127.0.0.1:7470", min_port=1),
         report_interval_s=a.number("report_interval_s", 5.0, Range(0.05, 3600, lo_open=True)),
         refresh_s=a.number("refresh_s", 300.0, Range(1, 86400)),
