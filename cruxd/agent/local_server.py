@@ -46,6 +46,9 @@ ACCEPT_BACKOFF_S = (0.01, 1.0)  # first and longest wait after a failed accept (
 # A connection over the limits is told to come back: a launcher starting every rank of a
 # host at once then registers them all (bench/registration.py) instead of most failing open.
 RETRY_AFTER_MS = 20
+# connections only root and the daemon's own user may use past agent.max_connections: four
+# users holding 64 each filled the socket, and root's registrations fell back (issue 37)
+RESERVED = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +186,8 @@ class LocalServer:
             return
         lim = self.limits
         why = ""
-        if len(self._conns) >= lim.max_connections:
+        reserved = RESERVED if cred.uid in (0, os.geteuid()) else 0
+        if len(self._conns) >= lim.max_connections + reserved:
             why = f"too many connections ({lim.max_connections}, agent.max_connections)"
         elif self._per_uid[cred.uid] >= lim.max_connections_per_uid:
             why = (f"too many connections from uid {cred.uid} "
