@@ -326,11 +326,17 @@ def test_error_names_file_and_key(text: str, expected: str) -> None:
      'leader.etcd_endpoints: only used with ha = "etcd"'),
     ('[leader]\nha = "etcd"\netcd_endpoints = ["e:2379", "e:2379"]',
      "leader.etcd_endpoints: e:2379 is listed twice"),
-    ('[leader]\nha = "etcd"\netcd_endpoints = ["e:2379"]\nlisten = "0.0.0.0:7470"',
+    ('[leader]\nha = "etcd"\netcd_endpoints = ["e:2379"]\netcd_insecure = true\n'
+     'listen = "0.0.0.0:7470"',
      "leader.advertise: required with ha = \"etcd\" when listen (0.0.0.0:7470)"),
+    ('[leader]\nha = "etcd"\netcd_endpoints = ["e:2379"]',
+     'leader.etcd_ca: ha = "etcd" without TLS to etcd: whoever reaches etcd can name the '
+     "leader"),
+    ('[leader]\netcd_insecure = true', 'leader.etcd_insecure: only used with ha = "etcd"'),
     ('[leader]\nha = "etcd"\netcd_endpoints = ["e:2379"]\netcd_key = "k.pem"',
      "leader.etcd_ca: TLS to etcd needs etcd_ca, etcd_cert and etcd_key"),
-    ('[leader]\nha = "etcd"\netcd_endpoints = ["e:2379"]\netcd_prefix = "/crux/"',
+    ('[leader]\nha = "etcd"\netcd_endpoints = ["e:2379"]\netcd_insecure = true\n'
+     'etcd_prefix = "/crux/"',
      "leader.etcd_prefix: must start with '/', not end with one"),
     ('[leader]\nha = "raft"', 'leader.ha: must be "none" or "etcd", got "raft"'),
     ('[agent]\nleader_fallback = ["a:1", "b"]', "agent.leader_fallback: [1]: expected"),
@@ -341,7 +347,7 @@ def test_ha_keys_are_checked(text: str, expected: str) -> None:
 
 def test_ha_etcd_parses() -> None:
     c = parse('[leader]\nha = "etcd"\netcd_endpoints = ["10.0.0.1:2379", "[::1]:2379"]\n'
-              '[agent]\nleader_fallback = ["10.0.0.2:7470"]')
+              'etcd_insecure = true\n[agent]\nleader_fallback = ["10.0.0.2:7470"]')
     assert (c.leader.ha, c.leader.etcd_endpoints, c.leader.etcd_prefix) == (
         "etcd", ("10.0.0.1:2379", "[::1]:2379"), "/crux")
     assert c.agent.leader_fallback == ("10.0.0.2:7470",) and parse("").leader.ha == ""

@@ -95,7 +95,7 @@ import asyncio, sys
 from cruxd.config.parse import parse_config
 from cruxd.leader.etcd import EtcdClient
 cfg = parse_config('[leader]\\nha = "etcd"\\nadvertise = "10.2.0.2:7470"\\n'
-                   f'etcd_endpoints = ["{sys.argv[1]}:2379"]\\n', "<rig>")
+                   f'etcd_endpoints = ["{sys.argv[1]}:2379"]\\netcd_insecure = true\\n', "<rig>")
 async def main():
     c = EtcdClient(cfg.leader, timeout=1.0, dscp=cfg.control.dscp)
     try:

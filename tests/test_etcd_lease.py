@@ -26,7 +26,8 @@ def test_the_lease_outlives_a_loop_blocked_past_it(tmp_path: Path) -> None:
     oks: list[int] = []
 
     async def run() -> tuple[int, str | None]:
-        config = parse_config(f'[leader]\nha = "etcd"\netcd_endpoints = {etcd.endpoints!r}\n',
+        config = parse_config(f'[leader]\nha = "etcd"\netcd_endpoints = {etcd.endpoints!r}\n'
+                              "etcd_insecure = true\n",
                               "<test>").leader
         client = EtcdClient(config)
         try:
@@ -58,7 +59,8 @@ def test_the_lease_outlives_a_loop_blocked_past_it(tmp_path: Path) -> None:
 def test_a_failure_older_than_a_success_is_not_reported() -> None:
     """A keep-alive sent during an outage may time out after etcd is back and a commit
     has gone through: reporting it would say plans are not published while they are."""
-    config = parse_config('[leader]\nha = "etcd"\netcd_endpoints = ["127.0.0.1:1"]\n',
+    config = parse_config('[leader]\nha = "etcd"\netcd_endpoints = ["127.0.0.1:1"]\n'
+                          "etcd_insecure = true\n",
                           "<test>").leader
     el = Election(config, "127.0.0.1:7470", "h0", client=object())  # type: ignore[arg-type]
     heard: list[str] = []

@@ -71,3 +71,23 @@ def test_a_standby_naming_itself_is_stale_so_etcd_is_asked() -> None:
         await link.stop()
         return link.address
     assert asyncio.run(run()) == "10.0.0.3:7470"
+
+
+def test_etcd_naming_an_unconfigured_leader_is_not_followed() -> None:
+    """issue 37, item 1: whoever could write etcd's election key took the agents (their
+    token, and a plan of term 2^62 that emptied their tables). etcd's word counts only for
+    a configured leader, as a redirect's does."""
+    async def run() -> list[str]:
+        answers = iter(["203.0.113.9:7470", "203.0.113.9:7470", "10.0.0.2:7470"])
+
+        async def resolve() -> str | None:
+            return next(answers)
+        link = _link(resolve)
+        down = AioRpcError(grpc.StatusCode.UNAVAILABLE, Metadata(), Metadata(), "refused")
+        seen = []
+        for _ in range(3):  # the planted address twice (the list after two failures), then .2
+            await link._follow(down)
+            seen.append(link.address)
+        await link.stop()
+        return seen
+    assert asyncio.run(run()) == ["10.0.0.1:7470", "10.0.0.2:7470", "10.0.0.2:7470"]

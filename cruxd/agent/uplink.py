@@ -151,8 +151,16 @@ class LeaderLink:
                             "agent.leader or agent.leader_fallback; not followed",
                             self.address, named)
         if target is None and self._resolve is not None:
+            found = None
             with contextlib.suppress(Exception):  # etcd down too: the list, below
-                target = await self._resolve()
+                found = await self._resolve()
+            # etcd's word only for a configured leader, as a redirect's: whoever can write
+            # the election key would otherwise get this host's token and plan (issue 37)
+            if found in self._candidates:
+                target = found
+            elif found:
+                LOG.warning("etcd names %.80r as the active leader, which is not in "
+                            "agent.leader or agent.leader_fallback; not followed", found)
         if target is None and self._failures >= 2 and len(self._candidates) > 1:
             i = self._candidates.index(self.address) if self.address in self._candidates else -1
             target = self._candidates[(i + 1) % len(self._candidates)]

@@ -34,6 +34,18 @@ def parse_ha(s: Section, listen: str) -> dict[str, Any]:
         missing = next(k for k in files if files[k] is None)
         raise s.error(missing, "TLS to etcd needs etcd_ca, etcd_cert and etcd_key (set none "
                       "for plaintext)")
+    insecure = s.boolean("etcd_insecure", False)
+    if ha != "etcd" and s.has("etcd_insecure"):
+        raise s.error("etcd_insecure", 'only used with ha = "etcd"')
+    if ha == "etcd" and not given and not insecure:
+        # issue 37: a local user wrote the election key through etcd's JSON gateway and
+        # took the agents over; etcd must only let the candidates in (client certificates)
+        raise s.error("etcd_ca", 'ha = "etcd" without TLS to etcd: whoever reaches etcd can '
+                      "name the leader and take the cluster over (docs/security.md); set "
+                      "etcd_ca, etcd_cert and etcd_key, with etcd requiring client "
+                      "certificates, or etcd_insecure = true for a lab")
+    if ha == "etcd" and given and insecure:
+        raise s.error("etcd_insecure", "TLS to etcd is set: etcd_insecure says the opposite")
     if not prefix.startswith("/") or len(prefix) > _PREFIX_MAX or prefix.endswith("/"):
         raise s.error("etcd_prefix", f"must start with '/', not end with one, and be at most "
                       f"{_PREFIX_MAX} bytes, got {json.dumps(prefix)}")
@@ -47,4 +59,4 @@ def parse_ha(s: Section, listen: str) -> dict[str, Any]:
             # etcd counts leases in whole seconds, and refuses them shorter than its
             # election timeout's 1.5 times (1.5 s with its defaults)
             "etcd_lease_s": s.integer("etcd_lease_s", 3, Range(2, 600)),
-            **files, "advertise": advertise or ""}
+            **files, "advertise": advertise or "", "etcd_insecure": insecure}

@@ -140,6 +140,7 @@ class LeaderConfig:
     etcd_ca: Path | None = None  # TLS to etcd: all three, or none
     etcd_cert: Path | None = None
     etcd_key: Path | None = None
+    etcd_insecure: bool = False  # ha = "etcd" without TLS to etcd, knowingly (a lab)
     advertise: str = ""  # the address agents dial; "" -> leader.listen
     # "crux": probed source ports steer each flow onto its planned path; "fabric": adaptive
     # routing picks paths, crux sets levels and DSCP only (records.PATH_SELECTIONS)

@@ -41,7 +41,8 @@ class HaRig:
 
     def start(self) -> HaRig:
         self.etcd = EtcdCluster(self.root).start()
-        ha = {"ha": "etcd", "etcd_endpoints": self.etcd.endpoints, "etcd_lease_s": self.lease_s}
+        ha = {"ha": "etcd", "etcd_endpoints": self.etcd.endpoints, "etcd_lease_s": self.lease_s,
+              "etcd_insecure": True}  # a plaintext etcd on loopback: the rig's own
         for i in range(3):
             name = f"l{i}"
             self.addresses[name] = f"127.0.0.1:{free_port()}"
