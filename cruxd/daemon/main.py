@@ -164,6 +164,9 @@ class Daemon:
         if c.leader.ha:
             from cruxd.leader.ha import Candidate
 
+            if c.leader.etcd_insecure:
+                LOG.warning("etcd without TLS (leader.etcd_insecure): whoever reaches etcd can "
+                            "name the leader; a lab configuration (docs/security.md)")
             self.candidate = Candidate(leader, c.host_id)
             self.candidate.start()
         else:
