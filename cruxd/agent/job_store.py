@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cruxd.agent.registry import SavedJob
-from cruxd.config.statefile import read_small, write_atomic
+from cruxd.config.statefile import read_bounded, write_atomic
 from cruxd.control.codec import from_dict, to_dict
 from cruxd.control.records import LocalJob, Measurement
 from cruxd.control.validate import (
@@ -91,10 +91,7 @@ class JobStore:
         jobs: dict[str, SavedJob] = {}
         self.skipped, self.snapshot_error = 0, ""
         try:
-            raw, _ = read_small(self.path, MAX_SNAPSHOT + 1)
-            if len(raw) > MAX_SNAPSHOT:
-                raise ValueError(f"over {MAX_SNAPSHOT >> 20} MiB")
-            doc = json.loads(raw)
+            doc = json.loads(read_bounded(self.path, MAX_SNAPSHOT))
             if doc.get("format") == STATE_FORMAT:
                 for e in doc["jobs"]:
                     try:

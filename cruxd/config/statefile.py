@@ -34,6 +34,15 @@ def read_small(path: Path, limit: int, *, follow: bool = True) -> tuple[bytes, o
         os.close(fd)
 
 
+def read_bounded(path: Path, limit: int) -> bytes:
+    """A small regular file's bytes, all of them: OSError when it is not one (EINVAL) or
+    holds more than `limit` bytes (EFBIG)."""
+    data, _ = read_small(path, limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"over the {limit:,}-byte limit", str(path))
+    return data
+
+
 def _json_parts(doc: dict[str, Any], big: int = 64) -> Iterator[str]:
     """`doc` as compact JSON, in pieces: the members of a large top-level object or list
     one by one. Not json.dump, which streams through json's pure-Python encoder (seconds

@@ -44,13 +44,12 @@ class _Kept:
     job: MergedJob
     fabric: bool
     hosts: tuple[str, ...]  # the flows' peers
-    nics: tuple[tuple[Nic, ...] | None, ...]  # theirs (kept objects: compared by identity)
+    nics: tuple[tuple[Nic, ...] | None, ...]  # theirs (kept objects: identity compares first)
     listening: tuple[frozenset[int] | None, ...]
     pairs: tuple[tuple[str, str], ...]  # the flows' host pairs
     probed: tuple[tuple[DiscoveredPath, ...] | None, ...]  # their paths
     before: tuple[PeerRoute, ...]
     routes: tuple[PeerRoute, ...]  # one tuple: the saves keep its text (codec_json.Memo)
-
 
 
 class RouteMemo:

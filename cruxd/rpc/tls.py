@@ -6,14 +6,13 @@ leader's certificate against the same CA. Files are read at start (and reload).
 
 from __future__ import annotations
 
-import errno
 import ssl
 from pathlib import Path
 
 import grpc
 
 from cruxd.config.model import CONTROL_DSCP, TlsConfig
-from cruxd.config.statefile import read_small
+from cruxd.config.statefile import read_bounded
 from cruxd.errors import CruxError, UsageError
 
 
@@ -45,19 +44,10 @@ def dscp_options(dscp: int | None) -> list[tuple[str, int]]:
 MAX_PEM = 1 << 20  # a CA bundle of a few hundred certificates; bounds a wrong file's cost
 
 
-def _load(path: Path) -> bytes:
-    """The file, which must be a regular one (a FIFO there hung --check-config) of at most
-    MAX_PEM bytes; OSError saying why not."""
-    data, _ = read_small(path, MAX_PEM + 1)
-    if len(data) > MAX_PEM:
-        raise OSError(errno.EFBIG, f"over {MAX_PEM >> 20} MiB: not a PEM file")
-    return data
-
-
 def _read(path: Path | None, what: str) -> bytes:
     assert path is not None
     try:
-        return _load(path)
+        return read_bounded(path, MAX_PEM)  # not a FIFO: one hung --check-config
     except OSError as exc:
         raise CruxError(f"tls.{what}: cannot read {path}: {exc.strerror}") from None
 
@@ -73,7 +63,7 @@ def check_files(tls: TlsConfig) -> None:
     assert tls.ca is not None and tls.cert is not None and tls.key is not None
     for key, path in (("ca", tls.ca), ("cert", tls.cert), ("key", tls.key)):
         try:  # regular files of a sane size, before OpenSSL opens them (a FIFO hung)
-            _load(path)
+            read_bounded(path, MAX_PEM)
         except OSError as exc:
             raise UsageError(_why(path, exc, "unreadable"), where=f"tls.{key}") from None
     for key, path in (("ca", tls.ca), ("cert", tls.cert)):

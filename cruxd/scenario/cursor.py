@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from cruxd.config.statefile import read_small
+from cruxd.config.statefile import read_bounded
 from cruxd.errors import ScenarioError
 
 # what a message may quote of the file: a word that could be a field, an id or a name
@@ -140,11 +140,9 @@ def load_document(path: Path) -> Any:
     regular file of at most MAX_DOCUMENT bytes: /dev/zero read until MemoryError, and a
     FIFO hung `cruxctl plan` (issue 37)."""
     try:
-        raw, _ = read_small(path, MAX_DOCUMENT + 1)
+        raw = read_bounded(path, MAX_DOCUMENT)
     except OSError as exc:
         raise ScenarioError(f"cannot read: {exc.strerror}", where=str(path)) from exc
-    if len(raw) > MAX_DOCUMENT:
-        raise ScenarioError(f"over {MAX_DOCUMENT >> 20} MiB: not a scenario", where=str(path))
     try:
         text = raw.decode()
     except UnicodeDecodeError:
