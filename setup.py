@@ -1,11 +1,13 @@
 """Build steps: the gRPC/protobuf stubs from proto/, and the C libraries from shim/.
 
-pyproject.toml holds the metadata; this file only hooks two generators into the build:
+pyproject.toml holds the metadata; this file only hooks three steps into the build:
 
 * build_py generates the stubs (never checked in). Editable installs (`pip install -e .`) get
   them in the source tree's cruxd/rpc/gen/ (git-ignored); wheels get them in the build
   directory. protoc writes absolute imports (`from crux.v1 import common_pb2`) that would need
   a top-level `crux` package, so they are made package-relative here.
+* build_py also copies the systemd files, examples and hint schemas into cruxd/share/ of the
+  wheel (package data; cruxd/share.py finds them there, or in a checkout's top level).
 * build_ext compiles the C libraries the daemon, jobs and simulator load (plain shared objects for
   ctypes and the dynamic loader, not Python extension modules) into transport/native/, where
   transport/native.py finds them. Nothing compiles at run time. The wrapper libibverbs is
@@ -21,6 +23,7 @@ import shutil
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
@@ -60,11 +63,33 @@ def generate(out_root: Path) -> list[Path]:
     return written
 
 
+# Package data from outside the packages (cruxd/share.py finds them): the systemd files
+# (`cruxctl install-unit`), the examples and the hint schemas, so a wheel alone is enough to
+# follow the README. A checkout and an editable install read them in place.
+SHARE = {"systemd": ("systemd", "*"), "examples": ("examples", "**/*"),
+         "hints": ("docs/hints", "*.schema.json")}
+
+
+def copy_share(package_root: Path) -> list[Path]:
+    written = []
+    for kind, (src, pattern) in SHARE.items():
+        for f in sorted((ROOT / src).glob(pattern)):
+            if f.is_file() and not f.name.startswith("."):
+                dst = package_root / "cruxd" / "share" / kind / f.relative_to(ROOT / src)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, dst)
+                written.append(dst)
+    return written
+
+
 class BuildPyWithStubs(build_py):
     def run(self) -> None:
-        root = ROOT if getattr(self, "editable_mode", False) else Path(self.build_lib)
+        editable = getattr(self, "editable_mode", False)
+        root = ROOT if editable else Path(self.build_lib)
         self.announce(f"generating protobuf stubs under {root.joinpath(*GEN_PKG)}", level=2)
         generate(root)
+        if not editable:
+            copy_share(root)
         super().run()
 
 
@@ -151,4 +176,20 @@ def _headers() -> list[str]:
                                                *(ROOT / "shim" / "nccl").glob("*.h"))]
 
 
-setup(cmdclass={"build_py": BuildPyWithStubs, "build_ext": BuildSharedLibs}, ext_modules=LIBS)
+class PlatformWheel(bdist_wheel):
+    """py3-none-<platform>: the C libraries tie the wheel to a platform, not to a CPython ABI.
+
+    `auditwheel repair --exclude libibverbs.so.1` then turns linux_<arch> into the manylinux
+    tag the libraries' glibc symbols allow (docs/install.md).
+    """
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self) -> tuple[str, str, str]:
+        return "py3", "none", super().get_tag()[2]
+
+
+setup(cmdclass={"build_py": BuildPyWithStubs, "build_ext": BuildSharedLibs,
+                "bdist_wheel": PlatformWheel}, ext_modules=LIBS)

@@ -217,7 +217,7 @@ def test_plot_without_matplotlib_is_one_clear_line(
     out = capsys.readouterr()
     lines = out.err.splitlines()
     assert len(lines) == 1 and out.out == ""
-    assert lines[0].startswith("cruxctl: error: --plot: needs matplotlib")
+    assert lines[0].startswith("cruxctl: error: --plot needs crux[plot] (")
     assert lines[0].endswith("pip install 'crux[plot]'")
     assert not png.exists()
 

@@ -102,3 +102,48 @@ def test_doctor_checks_the_declared_priorities_against_the_nic() -> None:
     assert lossy.status == c.OK and "lossy RoCE, as configured" in lossy.detail
     # not declared: a level off the paused priorities is still reported
     assert dcb.check_pfc("eth0", (8, 16, 24, 32, 40), runner).status == c.FAIL
+
+
+# --- cruxctl status ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("toml", "says", "lossless"), [
+    ("", "levels: DSCP 26 on priority 3, lossless (PFC)", "declared"),
+    ("lossless_priorities = [2, 3, 4]", "levels: DSCP 18/26/34 on priorities 2/3/4, lossless "
+                                        "(PFC)", "declared"),
+    ("lossless_priorities = []", "levels: DSCP 8/16/24/32/40 on priorities 1/2/3/4/5, lossy "
+                                 "RoCE (lossless_priorities = [])", "lossy"),
+    ("levels = 2", "levels: DSCP 32/40 on priorities 4/5; whether they are lossless is not "
+                   "checked", "unchecked"),
+])
+def test_status_shows_where_the_levels_land(toml: str, says: str, lossless: str) -> None:
+    from google.protobuf import json_format
+    from rich.console import Console
+
+    from cruxd.cli.status_view import print_status
+    from cruxd.leader.status import _fabric_levels
+    from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+
+    lc = parse(f"[leader]\n{toml}\n").leader
+    cluster = cpb.ClusterStatus(leader_host="h0", levels=lc.levels)
+    _fabric_levels(cluster, lc)
+    console = Console(record=True, width=200)
+    print_status(console, None, cluster, 0.0)
+    assert says in console.export_text()
+    doc = json_format.MessageToDict(cluster, preserving_proto_field_name=True)
+    assert doc["lossless"] == lossless
+    assert [lv["dscp"] for lv in doc["fabric_levels"]] == list(lc.dscp or ())
+    declared = set(lc.lossless_priorities or ())
+    assert all(lv.get("lossless", False) == (lv["priority"] in declared)
+               for lv in doc["fabric_levels"])
+
+
+def test_status_flags_a_level_off_the_lossless_priorities() -> None:
+    from cruxd.cli.status_cells import fabric_levels as line
+    from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+
+    # a leader whose configuration was checked cannot say this; an older or hand-made one can
+    cluster = cpb.ClusterStatus(lossless="declared", fabric_levels=[
+        cpb.FabricLevel(dscp=26, priority=3, lossless=True),
+        cpb.FabricLevel(dscp=40, priority=5, lossless=False)])
+    assert line(cluster).endswith("lossless (PFC) [red]except 5[/]")

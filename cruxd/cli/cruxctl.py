@@ -24,6 +24,7 @@ from cruxd.cli import (
     place_cmd,
     probe_cmd,
     table_cmd,
+    unit_cmd,
 )
 from cruxd.cli.common import DEFAULT_SCENARIO
 from cruxd.cli.common import console as _console
@@ -113,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     table_cmd.add_parser(sub)
     completion_cmd.add_parser(sub, _parser)
     doctor_cmd.add_parser(sub)
+    unit_cmd.add_parser(sub)
     return p
 
 
@@ -195,7 +197,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "plan": cmd_plan, "simulate": cmd_simulate, "status": live_cmd.cmd_status,
     "jobs": live_cmd.cmd_jobs, "probe": probe_cmd.cmd_probe, "measure": measure_cmd.cmd_measure,
     "table": table_cmd.cmd_table, "completion": completion_cmd.cmd_completion,
-    "doctor": doctor_cmd.cmd_doctor,
+    "doctor": doctor_cmd.cmd_doctor, "install-unit": unit_cmd.cmd_install_unit,
     "hints": hints_cmd.cmd_hints, "place": place_cmd.cmd_place}
 
 

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 from cruxd.errors import CruxError
+from cruxd.extras import missing_extra
 
 
 def run_command(prog: str, body: Callable[[], int]) -> int:
@@ -17,7 +18,10 @@ def run_command(prog: str, body: Callable[[], int]) -> int:
     A closed stdout (``cruxctl plan | head``) is a normal end, not an error.
     """
     try:
-        return body()
+        try:
+            return body()
+        except ImportError as exc:  # an optional extra this install lacks: name it
+            raise missing_extra(exc) or exc from exc
     except CruxError as exc:
         logging.getLogger(prog).debug("fatal", exc_info=True)  # the trace, at debug level
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -11,7 +11,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cruxd.errors import MissingExtra, UsageError
+from cruxd.errors import UsageError
+from cruxd.extras import require
 
 if TYPE_CHECKING:
     from cruxd.cli.simulate_cmd import Run
@@ -24,12 +25,7 @@ STARVED = 1e6  # slowdowns beyond this: the job made (next to) no progress
 
 def need_matplotlib() -> None:
     """Raise, in one line, unless matplotlib can be imported (it is an optional extra)."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as exc:  # missing, or broken (its message may span lines)
-        why = (str(exc).splitlines() or ["cannot import it"])[0]
-        raise MissingExtra(f"needs matplotlib ({why}): pip install 'crux[plot]'",
-                           where="--plot") from None
+    require("matplotlib", "--plot")
 
 
 def write_plot(path: Path, sc: Scenario, runs: list[Run]) -> None:

@@ -56,3 +56,20 @@ def source_tag(source: str) -> str:
         word = part.split("+", 1)[-1].split(" ", 1)[0]
         tags.append(word + ("?" if "unprofiled" in part else ""))
     return ",".join(dict.fromkeys(tags))
+
+
+def fabric_levels(cluster: Any) -> str:
+    """The levels' DSCP and priorities (ClusterStatus.fabric_levels), and whether RoCE stays
+    lossless on them."""
+    levels = list(cluster.fabric_levels)
+    dscp = "/".join(str(lv.dscp) for lv in levels)
+    prio = "/".join(str(lv.priority) for lv in levels)
+    where = f"DSCP {dscp} on priorit{'y' if len(levels) == 1 else 'ies'} {prio}"
+    if cluster.lossless == "lossy":
+        return f"{where}, lossy RoCE (lossless_priorities = [])"
+    if cluster.lossless == "declared":
+        off = sorted({str(lv.priority) for lv in levels if not lv.lossless})
+        return f"{where}, lossless (PFC)" + (f" [red]except {', '.join(off)}[/]" if off else "")
+    return (f"{where}; [yellow]whether they are lossless is not checked[/] (declare [leader] "
+            "lossless_priorities: docs/operations.md)")
+

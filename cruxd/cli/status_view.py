@@ -11,10 +11,10 @@ from rich.table import Table
 
 from cruxd.cli import status_narrow
 from cruxd.cli.status_cells import age as _age
+from cruxd.cli.status_cells import fabric_levels, source_tag
 from cruxd.cli.status_cells import heard as _heard
 from cruxd.cli.status_cells import num as _num
 from cruxd.cli.status_cells import routes as _routes
-from cruxd.cli.status_cells import source_tag
 from cruxd.cli.status_cells import state as _state
 
 # ClusterStatus.path_selection ([leader] path_selection), for people
@@ -72,6 +72,8 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
                   f"fabric {cluster.topology or '-'}")
     mode = cluster.path_selection or "crux"  # "": a leader from before the key
     console.print(f"  paths: {PATHS.get(mode, mode)}")
+    if cluster.fabric_levels:
+        console.print(f"  levels: {fabric_levels(cluster)}")
     if cluster.ha_role:
         active = ("" if cluster.ha_role == "active"
                   else f"; active leader: {cluster.active_leader or 'none elected'}")

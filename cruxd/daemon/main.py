@@ -85,6 +85,7 @@ class Daemon:
             tls.check_files(c.tls)
         except UsageError as exc:
             raise self._refused(exc.where, exc.why) from None
+        _require_extras(c)
 
     async def start(self) -> None:
         c = self.config
@@ -262,6 +263,19 @@ class Daemon:
             await _bounded(self.server.stop(GRACE_S), "gRPC server", GRACE_S + 1)
         self.metrics.close()
         LOG.log(level, "stopped")
+
+
+def _require_extras(c: Config) -> None:
+    """The extras this host's roles need (cruxd/extras.py), before anything starts: an agent
+    install asked to lead gets one line naming `crux[leader]`, not a traceback."""
+    from cruxd.extras import require
+
+    if "leader" in c.roles:
+        require("scipy", "the leader role (daemon.roles)")
+        if c.leader.reflection:
+            require("grpc_reflection", "leader.reflection")
+    if c.leader.ha == "etcd":
+        require("aetcd", 'leader.ha = "etcd"')
 
 
 def _enable_reflection(server: grpc.aio.Server) -> None:

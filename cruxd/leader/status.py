@@ -9,9 +9,20 @@ from cruxd.control.job_notes import ENDED_NOTE, LOST_NOTE
 from cruxd.control.records import JobAssignment, JobState
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
+from cruxd.scheduler.dscp import level_dscp
 
 if TYPE_CHECKING:
+    from cruxd.config.model import LeaderConfig
     from cruxd.leader.view import LeaderView
+
+
+def _fabric_levels(out: cpb.ClusterStatus, lc: LeaderConfig) -> None:
+    """Where the levels land on the fabric: what an operator checks against the switches."""
+    pfc = lc.lossless_priorities
+    out.lossless = "unchecked" if pfc is None else "declared" if pfc else "lossy"
+    out.fabric_levels.extend(cpb.FabricLevel(dscp=d, priority=d >> 3,
+                                             lossless=pfc is not None and d >> 3 in pfc)
+                             for d in level_dscp(lc.levels, lc.dscp))
 
 
 def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
@@ -24,6 +35,7 @@ def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
                             term=leader.term, active_leader=leader.active_leader,
                             not_publishing=leader.not_publishing,
                             path_selection=leader.config.leader.path_selection)
+    _fabric_levels(out, leader.config.leader)
     for host, rec in sorted(st.agents.items()):
         inv = rec.inventory
         out.agents.append(cpb.AgentStatus(
