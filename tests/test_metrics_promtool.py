@@ -52,6 +52,7 @@ def _stand_ins(metrics: Metrics) -> None:
         plan=SimpleNamespace(jobs=[job, unmeasured], generation=7), clock=lambda: 100.0,
         state=SimpleNamespace(
             agents={"h0": SimpleNamespace(last_report=98.5)}, streams={"h0": 1},
+            claims_refused_total=2,
             merged_jobs=lambda: [SimpleNamespace(job_id="GPU_Job-1", measurement=figures),
                                  SimpleNamespace(job_id="j2", measurement=SimpleNamespace(
                                      flops_per_iter=0.0, comm_s=0.0, period_s=0.0))],
@@ -129,6 +130,7 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
     assert types["crux_replans_total"] == "counter"
     assert 'crux_replans_total{cause="job arrived"} 2.0' in text
     assert "crux_plans_unchanged_total 3.0" in text
+    assert "crux_job_claims_refused_total 2.0" in text
     assert 'crux_job_decision_changes_total{crux_job="GPU_Job-1"} 1.0' in text
     # `job` and `instance` are the target labels Prometheus adds to every series
     labels = {name for line in text.splitlines() if not line.startswith("#")

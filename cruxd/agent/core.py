@@ -306,6 +306,11 @@ class Agent:
             self.rejected += 1
             raise Refused(Refusal.NOT_ALLOWED, f"job id {job.job_id!r} is registered here by "
                           f"uid {owner}; uid {cred.uid} may not join it (choose another id)")
+        held = self.registry.claim(job.job_id)
+        if held is not None and held != job.claim:  # same user, another job key
+            self.rejected += 1
+            raise Refused(Refusal.NOT_ALLOWED, f"job id {job.job_id!r} is registered here "
+                          "with another job key (CRUX_JOB_KEY); its processes may not mix")
         limit = self.config.agent.max_jobs
         if owner is None and len(self.registry) >= limit:  # the leader would refuse them all
             self.rejected += 1

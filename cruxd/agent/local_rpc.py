@@ -7,8 +7,11 @@ and hints documents; the data plane's rows, built as replies by DataPlane) stays
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cruxd.agent.local_api import AgentStatus, LocalAgent, Refusal, Refused
 from cruxd.agent.local_server import PeerCred, error_reply
+from cruxd.control.job_claims import DIGEST_HEX, claim_of, public
 from cruxd.control.records import LocalJob
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
@@ -43,7 +46,8 @@ class LocalRpc:
         if kind == "register":
             r = req.register
             job = LocalJob(r.job_id, r.gpus, r.node_rank, r.nnodes or 1,
-                           command=r.command[:MAX_COMMAND], tcp_ports=tuple(r.tcp_ports))
+                           command=r.command[:MAX_COMMAND], tcp_ports=tuple(r.tcp_ports),
+                           claim=claim_of(r.job_key_digest[:DIGEST_HEX + 1], cred.uid))
             agent.register(job, convert.measurement_from_pb(r.hints), cred)
             reply.registered.CopyFrom(apb.RegisterReply(
                 job_id=job.job_id, decision_table=str(agent.config.agent.decision_table),
@@ -59,7 +63,7 @@ class LocalRpc:
         elif kind == "status":
             await self._status(reply.status, req.status.local_only)
         elif kind == "jobs":
-            reply.jobs.jobs.extend(convert.local_job_to_pb(j) for j in agent.local_jobs())
+            reply.jobs.jobs.extend(_shown(j) for j in agent.local_jobs())
         elif kind == "hints":
             hints, err, code = await link.hints(req.hints.format)
             if hints is None:
@@ -98,9 +102,15 @@ def _agent_status(a: apb.LocalAgentStatus, s: AgentStatus) -> None:
     a.decision_table = s.decision_table
     a.applied_generation = s.applied_generation
     a.measurement_source, a.probing_source = s.measurement_source, s.probing_source
-    a.jobs.extend(convert.local_job_to_pb(j) for j in s.jobs)
+    a.jobs.extend(_shown(j) for j in s.jobs)
     a.peers.extend(convert.peer_paths_to_pb(t) for t in s.peers)
     a.pcie_links = s.pcie_links
     a.last_plan_age_s = s.last_plan_age_s
     a.leader_reachable, a.leader_error = s.leader_reachable, s.leader_error
     a.late_first_decisions = s.late_first_decisions
+
+
+def _shown(job: LocalJob) -> cpb.LocalJob:
+    """A local job for a local client: its claim without a key's digest (job_claims.public)."""
+    return convert.local_job_to_pb(replace(job, claim=public(job.claim)))
+

@@ -126,6 +126,11 @@ class Registry:
             self._loop.remove_reader(fd)
         os.close(fd)
 
+    def claim(self, job_id: str) -> str | None:
+        """Who the job is (LocalJob.claim), None if it is not here."""
+        entry = self._jobs.get(job_id)
+        return None if entry is None else entry.job.claim
+
     def owners(self, job_id: str) -> tuple[int, ...]:
         entry = self._jobs.get(job_id)
         return tuple(entry.owners) if entry else ()
@@ -168,6 +173,8 @@ class Registry:
         """Re-register a job saved before a restart, for the owners still alive (same pid
         and start time, so a recycled pid is not mistaken for the job). Returns how many."""
         job, hints = saved.job, saved.hints
+        if not job.claim:  # saved by an agent from before claims: its user's
+            job = replace(job, claim=f"uid:{saved.uid}")
         alive = 0
         for pid, started in saved.owners:
             if started is None or process_start_time(pid) != started:

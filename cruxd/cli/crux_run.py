@@ -73,7 +73,10 @@ def _parser() -> argparse.ArgumentParser:
                "SLURM_NODEID; nodes from NNODES or SLURM_NNODES; GPUs from "
                "CUDA_VISIBLE_DEVICES, SLURM_GPUS_ON_NODE or LOCAL_WORLD_SIZE. Declared "
                "figures (--flops-per-iter, ...) are hints the agent may use until it "
-               "measures the job; they never set a priority. Exit status: COMMAND's; "
+               "measures the job; they never set a priority. CRUX_JOB_KEY (16 bytes or "
+               "more, the same for every rank) proves that the job's parts on different "
+               "hosts are one job; without it, that they run as one user. Exit status: "
+               "COMMAND's; "
                "2 bad arguments; 127 COMMAND not runnable.")
     p.add_argument("--version", action="version", version=f"crux-run {__version__}")
     p.add_argument("--job-id", metavar="ID", help="the job's id, the same on every host")
@@ -181,7 +184,8 @@ def _register(args: argparse.Namespace, job_id: str) -> tuple[str, float] | None
         job_id=job_id, gpus=args.gpus if args.gpus is not None else _gpus(),
         node_rank=args.node_rank if args.node_rank is not None else
         (_env_int("NODE_RANK", "SLURM_NODEID") or 0), nnodes=nnodes, hints=hints,
-        command=shlex.join(args.command)[:256], tcp_ports=args.tcp_ports)
+        command=shlex.join(args.command)[:256], tcp_ports=args.tcp_ports,
+        job_key_digest=_key_digest(args, job_id))
     got = _local_call(args, path, "register", reg)
     return None if got is None else (got.decision_table, got.start_wait_s)
 
@@ -203,6 +207,21 @@ def _wait(args: argparse.Namespace, table: str, job_id: str, agent_bound: float)
     elif args.verbose:
         print(f"crux-run: job {job_id}'s decision (plan {w.plan_generation}) is in {table} "
               f"after {w.waited_s * 1e3:.1f} ms", file=sys.stderr)
+
+
+def _key_digest(args: argparse.Namespace, job_id: str) -> str:
+    """The digest of the job's key (CRUX_JOB_KEY, given to every rank by the launcher), or
+    "" without one: the job is then its user's (cruxd/control/job_claims.py)."""
+    from cruxd.control.job_claims import key_digest
+
+    key = os.environ.get("CRUX_JOB_KEY", "")
+    if not key:
+        return ""
+    try:
+        return key_digest(job_id, key.encode())
+    except ValueError as exc:
+        _warn(args, f"CRUX_JOB_KEY: {exc}; the job registers as its user's")
+        return ""
 
 
 def _warn(args: argparse.Namespace, msg: str) -> None:

@@ -78,6 +78,9 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
         active = ("" if cluster.ha_role == "active"
                   else f"; active leader: {cluster.active_leader or 'none elected'}")
         console.print(f"  HA: {cluster.ha_role}, term {cluster.term}{active}")
+    for r in cluster.refused_claims:
+        console.print(f"[yellow]  job {r.job_id}: the part on {r.host_id} is left out: "
+                      f"{r.reason}[/]")
     if cluster.not_publishing:
         console.print(f"[yellow]  not publishing plans: {cluster.not_publishing} (agents keep "
                       "their last plan)[/]")

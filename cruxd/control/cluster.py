@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cruxd.control import job_claims
+from cruxd.control.job_claims import Refused
 from cruxd.control.records import (
     AgentReport,
     HostInventory,
@@ -103,6 +105,10 @@ class ClusterState:
     # cost 90 ms to merge on every re-plan)
     _merged: dict[str, tuple[tuple[tuple[str, LocalJob], ...], MergedJob]] = field(
         default_factory=dict, repr=False, compare=False)
+    # parts left out of their job by merged_jobs (job_claims.split): job -> refused parts;
+    # and how many (job, host) refusals there have been since the leader started
+    refused: dict[str, tuple[Refused, ...]] = field(default_factory=dict, compare=False)
+    claims_refused_total: int = field(default=0, compare=False)
 
     # --- events ------------------------------------------------------------
     def ingest(self, report: AgentReport, now: float) -> list[str]:
@@ -298,12 +304,15 @@ class ClusterState:
         out = []
         for jid in list(self._merged.keys() - parts.keys()):
             del self._merged[jid]
+            self.refused.pop(jid, None)
         for jid in sorted(parts):
-            members = tuple(sorted(parts[jid], key=lambda hj: (hj[1].node_rank, hj[0])))
+            reported = tuple(sorted(parts[jid], key=lambda hj: (hj[1].node_rank, hj[0])))
             kept = self._merged.get(jid)
-            if kept is not None and kept[0] == members:
+            if kept is not None and kept[0] == reported:
                 out.append(kept[1])
                 continue
+            members, refused = job_claims.split(reported)
+            self._note_refused(jid, refused)
             ms = [j.measurement for _, j in members]
             merged = Measurement(
                 flops_per_iter=sum(m.flops_per_iter for m in ms),
@@ -316,9 +325,17 @@ class ClusterState:
             mj = MergedJob(jid, tuple((h, j.gpus) for h, j in members),
                            max(j.nnodes for _, j in members), merged,
                            tuple(j.tcp_ports for _, j in members))
-            self._merged[jid] = (members, mj)
+            self._merged[jid] = (reported, mj)
             out.append(mj)
         return out
+
+    def _note_refused(self, jid: str, refused: tuple[Refused, ...]) -> None:
+        before = {r.host for r in self.refused.get(jid, ())}
+        self.claims_refused_total += sum(r.host not in before for r in refused)
+        if refused:
+            self.refused[jid] = refused
+        else:
+            self.refused.pop(jid, None)
 
     # --- internals ---------------------------------------------------------
     def _material(self, a: LocalJob, ma: Measurement, b: LocalJob) -> bool:

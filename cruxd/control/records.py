@@ -80,6 +80,9 @@ class LocalJob:
     # TCP ports it listens on at this host: declared (crux-run --tcp-port) first, then
     # those the interposer saw it listen on; peers probe toward them (cruxd.agent.job_ports)
     tcp_ports: tuple[int, ...] = ()
+    # who this part is: "uid:N" or "key:<digest>" (cruxd.control.job_claims); "": an agent
+    # from before claims, merged with any part
+    claim: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Hashable, Iterable
 
+from cruxd.control.job_claims import valid_claim
 from cruxd.control.records import AgentReport, HostPlan, LocalJob, Measurement
 from cruxd.errors import UsageError
 from cruxd.model.view import TcpPortSet
@@ -149,6 +150,8 @@ def check_local_job(job: LocalJob, field: str = "job") -> LocalJob:
     _text(job.command, f"{field}.command")
     _number(job.tcp_ports_busy, f"{field}.tcp_ports_busy", MAX_COUNTER)
     _listen_ports(job.tcp_ports, f"{field}.tcp_ports")
+    if not valid_claim(job.claim):
+        raise InvalidMessage(f"{field}.claim", "neither uid:N nor key: and 32 hex digits")
     return job
 
 

@@ -127,6 +127,9 @@ def _leader_metrics(leader: Leader) -> Iterator[Metric]:
     yield replans
     yield CounterMetricFamily("crux_plans_unchanged", "Plans published that changed no "
                               "job's decision", value=leader.replans.unchanged)
+    yield CounterMetricFamily("crux_job_claims_refused", "Parts of jobs left out: a host "
+                              "reported a job id with another user's or job key's claim",
+                              value=leader.state.claims_refused_total)
     changes = CounterMetricFamily("crux_job_decision_changes", "Plans that changed the "
                                   "job's decision (not counting its first)",
                                   labels=["crux_job"])

@@ -36,6 +36,9 @@ def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
                             not_publishing=leader.not_publishing,
                             path_selection=leader.config.leader.path_selection)
     _fabric_levels(out, leader.config.leader)
+    out.claims_refused_total = st.claims_refused_total
+    out.refused_claims.extend(cpb.RefusedClaim(job_id=jid, host_id=r.host, reason=r.reason)
+                              for jid, parts in sorted(st.refused.items()) for r in parts)
     for host, rec in sorted(st.agents.items()):
         inv = rec.inventory
         out.agents.append(cpb.AgentStatus(

@@ -48,13 +48,14 @@ def local_job_to_pb(j: LocalJob) -> cpb.LocalJob:
                         measurement=measurement_to_pb(j.measurement),
                         qps_applied=j.qps_applied, qps_total=j.qps_total, command=j.command,
                         request_profiling=j.request_profiling,
-                        tcp_ports_busy=j.tcp_ports_busy, tcp_ports=j.tcp_ports)
+                        tcp_ports_busy=j.tcp_ports_busy, tcp_ports=j.tcp_ports,
+                        claim=j.claim)
 
 
 def local_job_from_pb(p: cpb.LocalJob) -> LocalJob:
     return LocalJob(p.job_id, p.gpus, p.node_rank, p.nnodes or 1, p.registered_unix_ms,
                     measurement_from_pb(p.measurement), p.qps_applied, p.qps_total, p.command,
-                    p.request_profiling, p.tcp_ports_busy, tuple(p.tcp_ports))
+                    p.request_profiling, p.tcp_ports_busy, tuple(p.tcp_ports), p.claim)
 
 
 def report_to_pb(r: AgentReport) -> lpb.AgentReport:

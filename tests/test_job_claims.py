@@ -1,0 +1,171 @@
+"""Which parts of a job id are one job (cruxd/control/job_claims.py; issue 37, item 4): a
+user on another host who names a running job is left out of it, counted and shown, and gets
+none of its decisions.
+
+Pure: the claim, the digest, the split (fixed cases and hypothesis), the leader's merge. On
+real processes: a leader and three agents over gRPC on loopback, crux-run on each, the part
+on the third host registered with another job key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cruxd.control.cluster import ClusterState
+from cruxd.control.job_claims import claim_of, key_digest, public, split, valid_claim
+from cruxd.control.records import AgentReport, HostInventory, LocalJob, Measurement
+from cruxd.control.validate import InvalidMessage, check_local_job
+
+KEY = b"0123456789abcdef-the-victims-key"
+DIGEST = key_digest("victim", KEY)
+MEASURED = Measurement(flops_per_iter=2e15, comm_s=0.01, period_s=0.1, compute_s=0.09,
+                       source="nvml+nic")
+DECLARED = Measurement(flops_per_iter=1.0, comm_s=1e6, period_s=1e6, compute_s=1.0,
+                       source="hints")
+
+
+def part(claim: str, registered: int, m: Measurement = MEASURED, rank: int = 0) -> LocalJob:
+    return LocalJob("victim", 8, rank, 2, registered, m, claim=claim)
+
+
+def test_the_digest_is_bound_to_the_job_and_the_key() -> None:
+    assert len(DIGEST) == 32 and valid_claim(claim_of(DIGEST, 0))
+    assert key_digest("victim", KEY) == DIGEST  # every rank computes the same
+    assert key_digest("other", KEY) != DIGEST
+    assert key_digest("victim", KEY + b"!") != DIGEST
+    with pytest.raises(ValueError, match="16 to 4096 bytes"):
+        key_digest("victim", b"short")
+    assert claim_of("", 1000) == "uid:1000" and public(claim_of(DIGEST, 0)) == "key"
+    assert public("uid:7") == "uid:7"
+
+
+@pytest.mark.parametrize("claim", ["uid:", "uid:01", "uid:-1", "uid:12345678901",
+                                   "key:" + "0" * 31, "key:" + "G" * 32, "key:" + "0" * 33,
+                                   "root", "uid:0 ", "key:" + DIGEST.upper()])
+def test_a_malformed_claim_is_refused_at_the_edge(claim: str) -> None:
+    with pytest.raises(InvalidMessage, match=r"job\.claim"):
+        check_local_job(part(claim, 1))
+
+
+def test_the_part_registered_first_decides_and_the_others_are_left_out() -> None:
+    a, b = ("A", part("uid:1000", 100)), ("B", part("uid:1000", 120, rank=1))
+    c = ("C", part("uid:1001", 500, DECLARED))
+    kept, refused = split([a, b, c])
+    assert kept == (a, b)
+    assert [(r.host, r.reason) for r in refused] == [
+        ("C", "claims uid:1001, the job is uid:1000's (registered first, on A)")]
+    # a squatter who registered first keeps the id: the latecomers are left out
+    kept, refused = split([("C", part("uid:1001", 50)), a, b])
+    assert [h for h, _ in kept] == ["C"] and {r.host for r in refused} == {"A", "B"}
+    # a key's digest never shows in the reason
+    kept, refused = split([("A", part(claim_of(DIGEST, 0), 1)), ("C", part("uid:0", 2))])
+    assert DIGEST not in refused[0].reason and "the job is key's" in refused[0].reason
+    # parts from agents before claims merge with anything
+    assert split([a, ("D", part("", 0))]) == ((a, ("D", part("", 0))), ())
+
+
+claims = st.sampled_from(["", "uid:0", "uid:1000", claim_of(DIGEST, 0)])
+
+
+@given(st.lists(st.tuples(st.sampled_from("ABCDEF"), claims, st.integers(0, 5)),
+                min_size=1, max_size=8, unique_by=lambda t: t[0]))
+def test_kept_parts_claim_alike_and_the_first_claimed_part_is_kept(
+        raw: list[tuple[str, str, int]]) -> None:
+    members = [(h, part(c, t)) for h, c, t in raw]
+    kept, refused = split(members)
+    assert sorted([h for h, _ in kept] + [r.host for r in refused]) == \
+        sorted(h for h, _ in members)
+    assert len({j.claim for _, j in kept} - {""}) <= 1
+    claimed = [(j.registered_unix_ms, h) for h, j in members if j.claim]
+    if claimed:
+        assert min(claimed)[1] in {h for h, _ in kept}
+
+
+def report(host: str, *jobs: LocalJob) -> AgentReport:
+    return AgentReport(HostInventory(host, "test", 8, ()), jobs, (), (), 0)
+
+
+def test_the_leader_merges_only_the_job_and_counts_the_refusal_once() -> None:
+    state = ClusterState(agent_timeout_s=30, change_threshold=0.1, profiling_s=0)
+    state.ingest(report("A", part("uid:1000", 100)), 0.0)
+    state.ingest(report("B", part("uid:1000", 120, rank=1)), 0.0)
+    (alone,) = state.merged_jobs()
+    state.ingest(report("C", part("uid:1001", 500, DECLARED)), 1.0)
+    for _ in range(3):  # merged on every plan and every status: counted once
+        (merged,) = state.merged_jobs()
+    assert merged == alone  # C's declared t_j = 1e6 s did not reach the job
+    assert [h for h, _ in merged.hosts] == ["A", "B"]
+    assert state.claims_refused_total == 1
+    assert [r.host for r in state.refused["victim"]] == ["C"]
+    state.ingest(report("C"), 2.0)  # the squatter leaves
+    state.merged_jobs()
+    assert state.refused == {} and state.claims_refused_total == 1
+
+
+# --- on real processes ---------------------------------------------------------------------
+
+
+def _table_jobs(path: Path) -> set[str]:
+    from transport.decision_table import TableReader
+
+    with TableReader(path) as reader:
+        return {e.job_id for e in reader.snapshot()}
+
+
+def test_a_part_with_another_key_gets_none_of_the_jobs_decisions(tmp_path: Path) -> None:
+    from cruxd.testing import BIN, Daemon, free_port, running, spawn, status, wait_for
+
+    listen = f"127.0.0.1:{free_port()}"
+    leader = Daemon(tmp_path, "lead", {"daemon": {"roles": ["leader"]},
+                                       "leader": {"listen": listen, "profiling_s": 0,
+                                                  "debounce_ms": 10}})
+    token = str(leader.root / "state" / "leader.token")
+    agents = [Daemon(tmp_path, h, {"daemon": {"roles": ["agent"]},
+                                   "agent": {"leader": listen, "leader_token": token,
+                                             "probing": "none", "gpus": 8,
+                                             "addresses": [f"10.88.0.{i + 1}"]}})
+              for i, h in enumerate(("h1", "h2", "h3"))]
+    leader.start()
+    leader.wait_log("leader listening on")
+    with running(agents, "leader") as jobs:
+        figures = ["--flops-per-iter", "1e15", "--compute-s", "0.09", "--period-s", "0.1"]
+        for rank, (agent, key, comm) in enumerate(((agents[0], KEY, "0.01"),
+                                                   (agents[1], KEY, "0.01"),
+                                                   (agents[2], b"another-key-of-16-bytes", "1e6"))):
+            jobs.append(spawn([str(BIN / "crux-run"), "--socket", str(agent.socket),
+                               "--job-id", "victim", "--nnodes", "2",
+                               "--node-rank", str(min(rank, 1)), "--comm-s", comm, *figures,
+                               "--", "sleep", "600"], env={"CRUX_JOB_KEY": key.decode()}))
+            if rank == 1:  # the squatter comes later: the job's claim is the first part's
+                wait_for("the victim's decisions on h1",
+                         lambda: "victim" in _table_jobs(agents[0].table), timeout=30)
+
+        def refused() -> dict[str, object] | None:
+            cluster = status(agents[0].socket).get("cluster") or {}
+            return cluster if cluster.get("refused_claims") else None
+
+        cluster = wait_for("the part on h3 left out", refused, timeout=30)
+        assert cluster["refused_claims"] == [{
+            "job_id": "victim", "host_id": "h3",
+            "reason": "claims key, the job is key's (registered first, on h1)"}]
+        assert cluster["claims_refused_total"] == 1
+        (victim,) = [j for j in cluster["jobs"] if j["job_id"] == "victim"]
+        assert victim["measurement"]["comm_s"] == pytest.approx(0.01)  # not h3's 1e6
+        assert "victim" in _table_jobs(agents[1].table)
+        assert "victim" not in _table_jobs(agents[2].table)  # h3 got none of its decisions
+        local = json.loads(spawn_cruxctl_jobs(agents[2].socket))
+        assert [j["claim"] for j in local["jobs"]] == ["key"]  # no digest for local clients
+    leader.stop()
+
+
+def spawn_cruxctl_jobs(socket_path: Path) -> str:
+    from cruxd.testing import cruxctl
+
+    r = cruxctl("jobs", "--json", socket_path=socket_path)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
