@@ -16,10 +16,10 @@ _.maintenancestub  # cruxd/leader/etcd.py: as above
 _._watcher  # cruxd/leader/etcd.py: aetcd's watch() and close() use it
 __getattr__  # cruxd/scheduler/__init__.py: PEP 562 lazy module attributes (plan, PlanConfig)
 _.collect  # cruxd/daemon/exporter.py: prometheus_client's Collector protocol
-fields_desc  # probing/int_md.py: scapy's layer declaration
-_.extract_padding  # probing/int_md.py: scapy Packet hook
-_.post_build  # probing/int_md.py: scapy Packet hook
-_.guess_payload_class  # probing/int_md.py: scapy Packet hook
+fields_desc  # tests/int_scapy.py (the INT-MD reference decoder): scapy's layer declaration
+_.extract_padding  # tests/int_scapy.py (the INT-MD reference decoder): scapy Packet hook
+_.post_build  # tests/int_scapy.py (the INT-MD reference decoder): scapy Packet hook
+_.guess_payload_class  # tests/int_scapy.py (the INT-MD reference decoder): scapy Packet hook
 pytest_configure  # tests/conftest.py: pytest hook
 pytest_collection_modifyitems  # tests/conftest.py: pytest hook
 examples  # tests/conftest.py: pytest fixture, requested by parameter name

@@ -1,40 +1,35 @@
 """In-band Network Telemetry, INT-MD mode over UDP (P4.org INT dataplane spec v2.1,
-2020-11-11): the layers as scapy packets, and bytes-level build / transit-push / parse.
+2020-11-11): bytes-level build / transit-push / parse with `struct`.
 
-scapy 2.8 ships no INT layer (only contrib.roce), so the three headers are defined
-here. Wire layout of a crux probe's UDP payload (every field big-endian):
+Wire layout of a crux probe's UDP payload (every field big-endian):
 
     INT shim for TCP/UDP          4 B   spec §5.7.2 "INT over TCP/UDP"
     INT-MD metadata header       12 B   spec §5.8 "INT-MD Metadata Header Format"
     metadata stack       n * HopML*4 B  newest hop first (§5.8: each node prepends)
     crux trailer                 16 B   8 B marker (probe or echo) + 8 B nonce
 
+    shim      byte 0: Type (4 b) | NPT (2 b) | 2 reserved; byte 1: Length, in 4-byte words
+              of INT-MD header + stack (the shim itself not counted since v2.0);
+              bytes 2-3: NPT=0 reserved + original DSCP (bits 0-5), NPT=1 original UDP
+              dport, NPT=2 original IP protocol
+    INT-MD    byte 0: Ver (4 b) | D | E | M | 1 reserved; byte 1: reserved;
+              byte 2: 3 reserved | Hop ML (5 b); byte 3: Remaining Hop Count;
+              Instruction Bitmap (16 b), Domain Specific ID, DS Instruction, DS Flags
+    hop       the bitmap's fields in bit order (§5.8: "in the order of bits set"):
+              node id (32 b), ingress + egress interface ids (16 b each), hop latency (32 b)
+
 The nonce lives in the trailer, i.e. where the spec puts the original UDP payload
 (after the INT stack, which the shim's Length lets any device skip): transit nodes
 never touch it, and it needs no Domain Specific ID that a transit node not knowing
 the domain might answer by skipping INT altogether (§5.8, Domain Specific ID).
+scapy 2.8 ships no INT layer; tests/int_scapy.py is an independent scapy decoder the
+tests check this one against.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import ClassVar
-
-from scapy.fields import (
-    AnyField,
-    BitField,
-    ByteField,
-    ConditionalField,
-    IntField,
-    PacketListField,
-    ShortField,
-    StrFixedLenField,
-    XIntField,
-    XLongField,
-    XShortField,
-)
-from scapy.packet import Packet, Raw, bind_layers
 
 from transport.roce import tos
 
@@ -56,100 +51,21 @@ MAX_PAYLOAD = SHIM_LEN + MAX_WORDS * 4 + TRAILER_LEN
 PROBE_MARK = b"crux-prb"
 ECHO_MARK = b"crux-ech"
 
+_HEAD = SHIM_LEN + MD_LEN
+# shim + INT-MD header: Type|NPT|R, Length, NPT data, Ver|D|E|M|R, R, R|Hop ML,
+# Remaining Hop Count, Instruction Bitmap, Domain Specific ID, DS Instruction, DS Flags
+_HEADER = struct.Struct("!BBHBBBBHHHH")
+_TRAILER = struct.Struct("!8sQ")  # marker, nonce
+_E, _M = 0x04, 0x02  # in the INT-MD header's first byte
+# one hop's record for each bitmap we decode (all have the node id)
+_RECORD = {bits: struct.Struct("!I" + "HH" * bool(bits & INTERFACES)
+                               + "I" * bool(bits & HOP_LATENCY))
+           for bits in (NODE_ID, NODE_ID | INTERFACES, NODE_ID | HOP_LATENCY, SUPPORTED)}
+
 
 def hop_words(instructions: int) -> int:
     """Per-hop metadata length (Hop ML, 4-byte words) for a bitmap of SUPPORTED bits."""
-    return bin(instructions & SUPPORTED).count("1")
-
-
-def _bitmap(hop: Packet) -> int:
-    # a record's fields follow the enclosing INT-MD header's bitmap; alone, node id only
-    parent = hop.parent
-    return int(parent.instructions) if isinstance(parent, IntMd) else NODE_ID
-
-
-class IntHop(Packet):
-    """One node's metadata, fields in bitmap order (§5.8: "in the order of bits set")."""
-
-    name = "INT-MD hop metadata"
-    fields_desc: ClassVar[list[AnyField]] = [
-        ConditionalField(XIntField("node_id", 0), lambda p: bool(_bitmap(p) & NODE_ID)),
-        ConditionalField(ShortField("ingress_if", 0), lambda p: bool(_bitmap(p) & INTERFACES)),
-        ConditionalField(ShortField("egress_if", 0), lambda p: bool(_bitmap(p) & INTERFACES)),
-        ConditionalField(IntField("hop_latency", 0), lambda p: bool(_bitmap(p) & HOP_LATENCY)),
-    ]
-
-    def extract_padding(self, s: bytes) -> tuple[bytes, bytes | None]:
-        return b"", s  # the rest of the stack belongs to the next record
-
-
-def _stack_len(md: Packet) -> int:
-    # §5.8: stack length = shim Length * 4 - the 12-byte INT-MD header
-    shim = md.underlayer
-    return max(0, int(shim.length) * 4 - MD_LEN) if isinstance(shim, IntShim) else 0
-
-
-class IntMd(Packet):
-    """INT-MD metadata header (§5.8) and its metadata stack."""
-
-    name = "INT-MD metadata header"
-    fields_desc: ClassVar[list[AnyField]] = [
-        BitField("ver", INT_VERSION, 4),
-        BitField("d", 0, 1),  # Discard (at the sink)
-        BitField("e", 0, 1),  # Max Hop Count exceeded
-        BitField("m", 0, 1),  # MTU exceeded
-        BitField("reserved", 0, 12),
-        BitField("hop_ml", None, 5),  # None: from the bitmap, at build
-        ByteField("remaining_hops", 8),
-        XShortField("instructions", NODE_ID),
-        XShortField("domain_id", 0),
-        XShortField("ds_instructions", 0),
-        XShortField("ds_flags", 0),
-        # up to 252 one-word hops fit the Length field, more than scapy's default cap
-        PacketListField("hops", [], IntHop, length_from=_stack_len, max_count=MAX_WORDS),
-    ]
-
-    def post_build(self, pkt: bytes, pay: bytes) -> bytes:
-        if self.hop_ml is None:  # Hop ML is the low 5 bits of byte 2
-            pkt = pkt[:2] + bytes([(pkt[2] & 0xE0) | hop_words(self.instructions)]) + pkt[3:]
-        return pkt + pay
-
-    def guess_payload_class(self, payload: bytes) -> type[Packet]:
-        return CruxTrailer if payload[:8] in (PROBE_MARK, ECHO_MARK) else Raw
-
-
-class IntShim(Packet):
-    """INT shim header for TCP/UDP (§5.7.2)."""
-
-    name = "INT shim (TCP/UDP)"
-    fields_desc: ClassVar[list[AnyField]] = [
-        BitField("type", INT_TYPE_MD, 4),
-        BitField("npt", 0, 2),  # 0: INT flagged by DSCP; 1: orig. UDP dport; 2: orig. IP proto
-        BitField("reserved", 0, 2),
-        ByteField("length", None),  # words of INT header + stack; shim excluded since v2.0
-        # NPT=0: byte 1 bits 0-5 = original DSCP; NPT=1: original UDP dport; NPT=2: proto
-        XShortField("npt_data", 0),
-    ]
-
-    def post_build(self, pkt: bytes, pay: bytes) -> bytes:
-        if self.length is None:
-            md = self.payload
-            words = len(md.self_build()) // 4 if isinstance(md, IntMd) else 0
-            pkt = pkt[:1] + bytes([words]) + pkt[2:]
-        return pkt + pay
-
-
-class CruxTrailer(Packet):
-    """crux's own end-to-end data after the INT stack: direction marker and nonce."""
-
-    name = "crux INT probe trailer"
-    fields_desc: ClassVar[list[AnyField]] = [
-        StrFixedLenField("mark", PROBE_MARK, 8),  # PROBE_MARK from a source, ECHO_MARK back
-        XLongField("nonce", 0),
-    ]
-
-
-bind_layers(IntShim, IntMd, type=INT_TYPE_MD)
+    return (instructions & SUPPORTED).bit_count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,60 +104,53 @@ def build_probe(*, max_hops: int, instructions: int = NODE_ID, nonce: int, dscp:
     if not 0 <= nonce < 1 << 64 or not 0 <= dscp < 64:
         raise ValueError("nonce is 64 bits, dscp 6")
     if orig_dport is None:
-        shim = IntShim(npt=0, npt_data=tos(dscp))
+        npt, npt_data = 0, tos(dscp)
     elif 0 <= orig_dport <= 0xFFFF:
-        shim = IntShim(npt=1, npt_data=orig_dport)
+        npt, npt_data = 1, orig_dport
     else:
         raise ValueError(f"orig_dport {orig_dport}")
-    md = IntMd(remaining_hops=max_hops, instructions=instructions)
-    return bytes(shim / md / CruxTrailer(mark=PROBE_MARK, nonce=nonce))
+    return _HEADER.pack(INT_TYPE_MD << 4 | npt << 2, MD_LEN // 4, npt_data, INT_VERSION << 4,
+                        0, hop_words(instructions), max_hops, instructions, 0, 0, 0
+                        ) + _TRAILER.pack(PROBE_MARK, nonce)
 
 
-def _dissect(payload: bytes) -> tuple[IntShim, IntMd] | None:
-    """The INT part if its headers are consistent (not the trailer), else None."""
-    if len(payload) < SHIM_LEN + MD_LEN:
+def _stack(payload: bytes) -> tuple[int, int] | None:
+    """(bitmap, stack end) if the INT headers are consistent and the whole stack is there
+    (the trailer is not looked at), else None. Reserved bits are ignored on reception."""
+    if len(payload) < _HEAD:
         return None
-    try:
-        shim = IntShim(payload)
-    except Exception:  # scapy's dissectors are not ours to audit: no bytes may raise here
+    first, length, _, ver, _, hop_ml, _, bitmap, _, _, _ = _HEADER.unpack_from(payload)
+    end = SHIM_LEN + length * 4  # Length counts the INT-MD header and the stack
+    if first >> 4 != INT_TYPE_MD or (first >> 2) & 3 == 3 or ver >> 4 != INT_VERSION:
+        return None  # NPT 3 is undefined (§5.7.2)
+    words = hop_words(bitmap)
+    if not bitmap & NODE_ID or bitmap & ~SUPPORTED or hop_ml & 0x1F != words:
         return None
-    md = shim.payload
-    if shim.type != INT_TYPE_MD or shim.npt == 3 or not isinstance(md, IntMd):
-        return None
-    bitmap, rec = int(md.instructions), hop_words(md.instructions) * 4
-    if md.ver != INT_VERSION or not bitmap & NODE_ID or bitmap & ~SUPPORTED:
-        return None
-    stack = shim.length * 4 - MD_LEN
-    if (md.hop_ml * 4 != rec or stack < 0 or stack % rec
-            or SHIM_LEN + MD_LEN + stack > len(payload)):
-        return None
-    if len(md.hops) != stack // rec or not all(isinstance(h, IntHop) for h in md.hops):
-        return None
-    return shim, md
+    if end < _HEAD or (end - _HEAD) % (4 * words) or end > len(payload):
+        return None  # Length below the INT-MD header, a partial record, a truncated stack
+    return bitmap, end
 
 
 def parse(payload: bytes) -> IntReport | None:
     """A probe or echo as it arrives, or None for anything else: truncated, trailing
     bytes, lengths that do not add up, unknown type or version, a bitmap without node
     id or with bits we do not decode, Hop ML not matching the bitmap. Never raises."""
-    got = _dissect(payload)
-    if got is None:
+    got = _stack(payload)
+    if got is None or len(payload) != got[1] + TRAILER_LEN:
         return None
-    shim, md = got
-    if len(payload) != SHIM_LEN + shim.length * 4 + TRAILER_LEN:
-        return None
-    mark, nonce = struct.unpack_from("!8sQ", payload, len(payload) - TRAILER_LEN)
+    bitmap, end = got
+    mark, nonce = _TRAILER.unpack_from(payload, end)
     if mark not in (PROBE_MARK, ECHO_MARK):
         return None
-    bitmap = int(md.instructions)
-    records = tuple(HopRecord(
-        int(h.node_id),
-        int(h.ingress_if) if bitmap & INTERFACES else None,
-        int(h.egress_if) if bitmap & INTERFACES else None,
-        int(h.hop_latency) if bitmap & HOP_LATENCY else None,
-    ) for h in reversed(md.hops))  # the stack is newest first; callers want path order
-    return IntReport(records, bool(md.e), bool(md.m), int(md.remaining_hops), bitmap, nonce,
-                     mark == ECHO_MARK)
+    fields = _RECORD[bitmap].iter_unpack(payload[_HEAD:end])
+    if bitmap == NODE_ID | HOP_LATENCY:  # the only layout with a gap in HopRecord's order
+        records = [HopRecord(node, None, None, latency) for node, latency in fields]
+    else:
+        records = [HopRecord(*f) for f in fields]
+    records.reverse()  # the stack is newest first; callers want path order
+    flags = payload[SHIM_LEN]
+    return IntReport(tuple(records), bool(flags & _E), bool(flags & _M),
+                     payload[SHIM_LEN + 3], bitmap, nonce, mark == ECHO_MARK)
 
 
 def push_hop(payload: bytes, node_id: int, *, ingress_if: int = 0, egress_if: int = 0,
@@ -254,19 +163,27 @@ def push_hop(payload: bytes, node_id: int, *, ingress_if: int = 0, egress_if: in
     if not (0 <= node_id < 1 << 32 and 0 <= hop_latency < 1 << 32
             and 0 <= ingress_if <= 0xFFFF and 0 <= egress_if <= 0xFFFF):
         raise ValueError("node id and hop latency are 32 bits, interface ids 16")
-    got = _dissect(payload)
+    got = _stack(payload)
     if got is None:
         raise ValueError("not an INT-MD payload")
-    shim, md = got
-    if md.remaining_hops == 0:
-        md.e = 1
-    elif shim.length + md.hop_ml <= MAX_WORDS:
-        hop = IntHop(node_id=node_id, ingress_if=ingress_if, egress_if=egress_if,
-                     hop_latency=hop_latency)
-        md.hops = [hop, *md.hops]  # reassigned, not mutated: scapy caches built bytes
-        md.remaining_hops -= 1
-        shim.length += md.hop_ml
-    return bytes(shim)
+    bitmap = got[0]
+    head = bytearray(payload[:_HEAD])
+    words = hop_words(bitmap)
+    if head[SHIM_LEN + 3] == 0:
+        head[SHIM_LEN] |= _E
+        record = b""
+    elif head[1] + words <= MAX_WORDS:
+        head[1] += words
+        head[SHIM_LEN + 3] -= 1
+        values = [node_id]
+        if bitmap & INTERFACES:
+            values += (ingress_if, egress_if)
+        if bitmap & HOP_LATENCY:
+            values.append(hop_latency)
+        record = _RECORD[bitmap].pack(*values)
+    else:
+        return bytes(payload)
+    return bytes(head) + record + payload[_HEAD:]
 
 
 def echo_of(probe: bytes) -> bytes:

@@ -76,3 +76,13 @@ def test_live_measurement_loads_numpy_but_not_the_prober(tmp_path: Path, probing
                                 "measurement": {"gpu": "none", "interfaces": ["lo"]}})
     assert "numpy" in modules and "cruxd.agent.measuring" in modules
     assert under(modules, "cruxd.agent.sweeper", "probing.int_md", *NEVER) == []
+
+
+def test_a_sweeping_agent_loads_the_probers_but_not_scapy(tmp_path: Path) -> None:
+    """probing = "sweep" loads the INT-MD codec, which is plain struct: scapy stays a test
+    dependency (tests/int_scapy.py), never an agent's."""
+    modules = loaded(tmp_path, {"agent": {"probing": "sweep"},
+                                "probing": {"method": "int", "fabric_prefixes": ["10.1.0.0/16"],
+                                            "responder_port": free_port()}})
+    assert "cruxd.agent.sweeper" in modules and "probing.int_md" in modules
+    assert under(modules, *NEVER) == []

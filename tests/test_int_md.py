@@ -1,5 +1,6 @@
 """INT-MD over UDP (spec v2.1): golden bytes written out from the spec's field tables
-(§5.7.2 shim, §5.8 INT-MD header), the transit push, and the defensive parser."""
+(§5.7.2 shim, §5.8 INT-MD header), the transit push, and the defensive parser; and the
+struct codec against an independent scapy decoder (tests/int_scapy.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from hypothesis import strategies as st
 from probing.int_md import (
     HOP_LATENCY,
     INTERFACES,
+    MAX_WORDS,
     NODE_ID,
-    IntMd,
-    IntShim,
     build_probe,
     echo_of,
     hop_words,
     parse,
     push_hop,
 )
+from tests import int_scapy
+from tests.int_scapy import IntMd, IntShim
 
 NONCE = bytes.fromhex("0102030405060708")
 PROBE_TRAILER = b"crux-prb" + NONCE  # crux's trailer: marker, then the 64-bit nonce
@@ -225,6 +227,7 @@ def test_a_full_length_field_means_no_push_and_no_decrement() -> None:
 def test_any_bytes_never_raise(data: bytes) -> None:
     r = parse(data)
     assert r is None or len(data) - 32 == 4 * hop_words(r.instructions) * len(r.records)
+    assert r == int_scapy.decode(data)
 
 
 _INSTR = st.sampled_from([NODE_ID, NODE_ID | INTERFACES, NODE_ID | HOP_LATENCY,
@@ -265,3 +268,77 @@ def test_truncated_or_mutated_packets(nodes: list[int], data: st.DataObject) -> 
         assert len(r.records) == len(nodes)
     extra = data.draw(st.binary(min_size=1, max_size=16))
     assert parse(p + extra) is None
+
+
+# the scapy oracle (tests/int_scapy.py): probes built by scapy's field tables, and the
+# scapy-based parse and push the struct codec replaced
+
+_HOP = st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 0xFFFF), st.integers(0, 0xFFFF),
+                 st.integers(0, 2**32 - 1))
+
+
+@st.composite
+def _probes(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """A probe from build_probe + push_hop, and the same one from scapy's layers."""
+    instructions = draw(_INSTR)
+    max_hops = draw(st.integers(0, (MAX_WORDS - 3) // hop_words(instructions)))
+    nonce = draw(st.integers(0, 2**64 - 1))
+    hops = draw(st.lists(_HOP, max_size=min(max_hops, 12) + 2))  # beyond max_hops: E
+    if draw(st.booleans()):
+        dport = draw(st.integers(0, 0xFFFF))
+        p = build_probe(max_hops=max_hops, instructions=instructions, nonce=nonce,
+                        orig_dport=dport)
+        npt, npt_data = 1, dport
+    else:
+        dscp = draw(st.integers(0, 63))
+        p = build_probe(max_hops=max_hops, instructions=instructions, nonce=nonce, dscp=dscp)
+        npt, npt_data = 0, dscp << 2
+    for node, ingress, egress, latency in hops:
+        p = push_hop(p, node, ingress_if=ingress, egress_if=egress, hop_latency=latency)
+    oracle = int_scapy.probe(npt=npt, npt_data=npt_data, max_hops=max_hops,
+                             instructions=instructions, nonce=nonce, hops=hops)
+    return p, oracle
+
+
+@given(_probes())
+def test_codec_matches_the_scapy_oracle(probes: tuple[bytes, bytes]) -> None:
+    p, oracle = probes
+    assert p == oracle
+    r = parse(p)
+    assert r is not None and r == int_scapy.decode(p)
+    echo = echo_of(p)
+    assert parse(echo) == int_scapy.decode(echo) and parse(echo).echo  # type: ignore[union-attr]
+
+
+@given(_probes(), st.data())
+def test_codec_matches_the_scapy_oracle_on_damaged_packets(probes: tuple[bytes, bytes],
+                                                          data: st.DataObject) -> None:
+    p = probes[0]
+    how = data.draw(st.sampled_from(["set", "flip", "cut", "append"]))
+    if how == "set":
+        at = data.draw(st.integers(0, len(p) - 1))
+        p = _set(p, at, data.draw(st.integers(0, 255)))
+    elif how == "flip":  # one bit of the shim or INT-MD header: mostly still INT
+        at, bit = data.draw(st.integers(0, 15)), data.draw(st.integers(0, 7))
+        p = _set(p, at, p[at] ^ 1 << bit)
+    elif how == "cut":
+        p = p[:data.draw(st.integers(0, len(p) - 1))]
+    else:
+        p += data.draw(st.binary(min_size=1, max_size=24))
+    assert parse(p) == int_scapy.decode(p)
+    hop = data.draw(_HOP)
+    try:
+        pushed: bytes | None = push_hop(p, hop[0], ingress_if=hop[1], egress_if=hop[2],
+                                        hop_latency=hop[3])
+    except ValueError:
+        pushed = None
+    assert pushed == int_scapy.push(p, *hop)  # bytes after the stack kept, as scapy kept them
+
+
+def test_codec_matches_the_scapy_oracle_at_a_full_length_field() -> None:
+    p = build_probe(max_hops=84, instructions=NODE_ID | INTERFACES | HOP_LATENCY, nonce=3)
+    for node in range(84):
+        p = push_hop(p, node, ingress_if=1, egress_if=2, hop_latency=3)
+    full = _set(p, 7, 9)  # Length 255: no room for another 3-word record
+    assert push_hop(full, 1) == int_scapy.push(full, 1) == full
+    assert parse(full) == int_scapy.decode(full)

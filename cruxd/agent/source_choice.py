@@ -68,7 +68,7 @@ def probing_for(inputs: SourceInputs) -> ProbingSource:
     if c.agent.probing == "static" and c.agent.path_table is not None:
         return StaticPaths(c.agent.path_table, c.host_id)
     if c.agent.probing == "sweep":
-        # here, not at the top: scapy (INT-MD, ~40 MB with cryptography) loads only to sweep
+        # here, not at the top: the probers and their raw sockets load only to sweep
         from cruxd.agent.sweeper import SweepProbing
 
         return SweepProbing(c.probing, c.host_id, inputs.report_now)
