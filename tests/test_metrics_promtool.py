@@ -63,7 +63,7 @@ def _stand_ins(metrics: Metrics) -> None:
                             {"GPU_Job-1": 1}))
     metrics.agent = SimpleNamespace(  # type: ignore[assignment]
         registry=SimpleNamespace(jobs=lambda: [job]),
-        link=SimpleNamespace(reachable=True, rpc_errors=4),
+        link=SimpleNamespace(reachable=True, rpc_errors=4, terms_refused=1),
         table=SimpleNamespace(header=lambda: SimpleNamespace(plan_generation=7)),
         rejected=1, server=SimpleNamespace(rejected=2, timed_out=5, accept_errors=6),
         dataplane=SimpleNamespace(
@@ -90,6 +90,7 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
     assert types["crux_agent_rpc_errors_total"] == "counter"
     assert types["crux_agent_rejected_total"] == "counter"
     assert "crux_agent_rpc_errors_total 4.0" in text
+    assert "crux_agent_terms_refused_total 1.0" in text
     assert 'crux_agent_connected{host="h0"} 1.0' in text
     assert "crux_agent_rejected_total 3.0" in text
     for name, value in (("crux_agent_request_timeouts_total", 5.0),

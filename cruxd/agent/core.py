@@ -86,7 +86,8 @@ class Agent:
                                token_path=config.agent.leader_token,
                                fallback=a.leader_fallback, resolve=self.finder,
                                dscp=config.control.dscp, why=self._why_report,
-                               keepalive_s=config.control.keepalive_s)
+                               keepalive_s=config.control.keepalive_s,
+                               etcd_term=self.finder.term if self.finder else None)
         # last: its handler sees the agent whole (local_api.LocalAgent)
         self.server = LocalServer(a.socket, group_id(a.socket_group), LocalRpc(self).handle,
                                   Limits(a.max_connections, a.max_connections_per_uid,

@@ -22,18 +22,32 @@ class LeaderFinder:
 
     async def __call__(self) -> str | None:
         """The active leader's address, or None (no leader elected, or not readable)."""
+        holder = await self.holder(fresh=False)  # any member answers
+        return holder[0] if holder else None
+
+    async def term(self) -> int | None:
+        """The active leader's term as etcd records it (None: nobody holds the key): the
+        election key's create revision, which etcd assigns, so no leader can claim a term
+        it did not win (issue 37: a plan of term 2^62 from whoever answered). Read from the
+        raft leader: a lagging member may not know the newest election yet."""
+        holder = await self.holder(fresh=True)
+        return holder[1] if holder else None
+
+    async def holder(self, fresh: bool) -> tuple[str, int] | None:
+        """(address, term) of the election key's holder, or None."""
         if self._client is None:
             from cruxd.leader.etcd import EtcdClient  # aetcd only on hosts that use it
 
             self._client = EtcdClient(self.config, dscp=self.dscp)
-        kv = await self._client.get(self.key, serializable=True)  # any member answers
+        kv = await self._client.get(self.key, serializable=not fresh)
         if kv is None:
             return None
         try:
             address = json.loads(kv.value)["address"]
         except (ValueError, KeyError, TypeError):
             return None
-        return address if isinstance(address, str) and 0 < len(address) <= 300 else None
+        ok = isinstance(address, str) and 0 < len(address) <= 300
+        return (address, int(kv.create_revision)) if ok else None
 
     async def close(self) -> None:
         if self._client is not None:

@@ -69,8 +69,14 @@ class LeaderLink:
                  fallback: tuple[str, ...] = (),
                  resolve: Callable[[], Awaitable[str | None]] | None = None,
                  dscp: int | None = None, why: WhyReport | None = None,
-                 keepalive_s: float = 10.0) -> None:
+                 keepalive_s: float = 10.0,
+                 etcd_term: Callable[[], Awaitable[int | None]] | None = None) -> None:
         self.address = address
+        # HA: the active leader's term as etcd records it. A plan's new term is taken only
+        # when etcd vouches for it; a leader's word alone is not enough (issue 37)
+        self._etcd_term = etcd_term
+        self._vouched = 0  # the newest term etcd vouched for
+        self.terms_refused = 0
         self._dscp = dscp  # [control] dscp of the channel's packets
         self._keepalive_s = keepalive_s  # [control] keepalive_s
         # where to look when the leader fails: etcd's record of the active leader (HA),
@@ -150,17 +156,8 @@ class LeaderLink:
                 LOG.warning("leader %s names %.80r as the active leader, which is not in "
                             "agent.leader or agent.leader_fallback; not followed",
                             self.address, named)
-        if target is None and self._resolve is not None:
-            found = None
-            with contextlib.suppress(Exception):  # etcd down too: the list, below
-                found = await self._resolve()
-            # etcd's word only for a configured leader, as a redirect's: whoever can write
-            # the election key would otherwise get this host's token and plan (issue 37)
-            if found in self._candidates:
-                target = found
-            elif found:
-                LOG.warning("etcd names %.80r as the active leader, which is not in "
-                            "agent.leader or agent.leader_fallback; not followed", found)
+        if target is None:
+            target = await self._etcds_leader()
         if target is None and self._failures >= 2 and len(self._candidates) > 1:
             i = self._candidates.index(self.address) if self.address in self._candidates else -1
             target = self._candidates[(i + 1) % len(self._candidates)]
@@ -170,6 +167,40 @@ class LeaderLink:
         self._failures = 0
         self._connect(target)
         return True
+
+    async def _etcds_leader(self) -> str | None:
+        """The leader etcd names, if it is a configured one (None without etcd)."""
+        if self._resolve is None:
+            return None
+        found = None
+        with contextlib.suppress(Exception):  # etcd down too: the caller's list
+            found = await self._resolve()
+        # etcd's word only for a configured leader, as a redirect's: whoever can write
+        # the election key would otherwise get this host's token and plan (issue 37)
+        if found in self._candidates:
+            return found
+        if found:
+            LOG.warning("etcd names %.80r as the active leader, which is not in "
+                        "agent.leader or agent.leader_fallback; not followed", found)
+        return None
+
+    async def _vouched_for(self, term: int) -> bool:
+        """Whether etcd says `term` is the active leader's (HA); counted and said if not."""
+        if self._etcd_term is None or term <= self._vouched:
+            return True
+        try:
+            recorded: int | str | None = await self._etcd_term()
+        except Exception as exc:  # etcd unreachable: no term can be vouched for now
+            recorded = f"etcd unreadable: {exc}"
+        if recorded == term:
+            self._vouched = term
+            return True
+        self.terms_refused += 1
+        LOG.warning("leader %s: plans of term %d refused: etcd records %s (the table keeps "
+                    "its plan)", self.address, term,
+                    f"term {recorded}" if isinstance(recorded, int) else
+                    "no leader" if recorded is None else recorded)
+        return False
 
     def _auth(self) -> tuple[tuple[str, str], ...]:
         return call_metadata(self._token_path)
@@ -245,6 +276,11 @@ class LeaderLink:
                         opened = True
                         if self._stream_ended:  # maybe a new or restarted leader: it
                             self._poke_later()  # must hear this host's whole state
+                    if not await self._vouched_for(msg.term):
+                        call.cancel()  # this leader's plans are not applied: go where
+                        if (named := await self._etcds_leader()) not in (None, self.address):
+                            self._connect(named)  # etcd says the leader is
+                        break
                     backoff.reset()
                     self.last_plan_mono = time.monotonic()
                     try:

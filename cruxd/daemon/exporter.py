@@ -198,6 +198,9 @@ def _agent_metrics(agent: Agent) -> Iterator[Metric]:
     # counts that only grow while the process lives: counters, so rate() works on them
     yield CounterMetricFamily("crux_agent_rpc_errors", "Failed calls to the leader",
                               value=agent.link.rpc_errors)
+    yield CounterMetricFamily("crux_agent_terms_refused", "Plan streams refused because etcd "
+                              "did not record their leader term (HA)",
+                              value=agent.link.terms_refused)
     yield CounterMetricFamily("crux_agent_rejected",
                               "Local-socket requests refused (permission, bad input)",
                               value=agent.rejected + agent.server.rejected)
