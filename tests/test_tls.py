@@ -56,3 +56,30 @@ def test_mutual_tls_admits_only_agents_with_the_clusters_certificates(tmp_path: 
     finally:
         codes = [d.stop() for d in daemons]
     assert codes == [0, 0, 0, 0]
+
+
+def test_a_leader_whose_certificate_names_another_host_gets_nothing(tmp_path: Path) -> None:
+    """The address is a configured leader's, the certificate is the cluster CA's, but it
+    names another host: the agent ends the handshake before it sends a report or a token,
+    and applies nothing (issue 37, item 1: a leader proves who it is)."""
+    ca = CA(tmp_path / "pki")
+    port = free_port()
+    impostor = Daemon(tmp_path, "impostor", {
+        "daemon": {"roles": ["leader"]}, "leader": {"listen": f"127.0.0.1:{port}"},
+        "tls": _tls(ca.path, *ca.issue("impostor", server=True, san=("h5.cluster",)))})
+    agent = Daemon(tmp_path, "a1", {
+        "daemon": {"roles": ["agent"]},
+        "agent": {"leader": f"127.0.0.1:{port}", "addresses": ["10.2.0.1"], "gpus": 0,
+                  "report_interval_s": 0.3, "reconnect_max_s": 0.5},
+        "tls": _tls(ca.path, *ca.issue("a1", server=False))})
+    try:
+        impostor.start().wait_log("(mTLS)")
+        agent.start().wait_log("Hostname Verification Check failed")
+        local = status(agent.socket)["agent"]
+        assert local["leader_reachable"] is False and local["applied_generation"] == 0
+        assert " applied: " not in agent.log_text()
+        assert "agent joined" not in impostor.log_text()  # no report reached it
+    finally:
+        codes = [d.stop() for d in (agent, impostor)]
+    assert codes == [0, 0]
+

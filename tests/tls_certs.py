@@ -37,9 +37,9 @@ class CA:
 
     def issue(self, cn: str, *, server: bool, san: tuple[str, ...] | None = None
               ) -> tuple[Path, Path]:
-        """(certificate, key) for `cn`; servers get 127.0.0.1 and localhost as SANs, clients
-        `san` as DNS names (default: the CN, the host id the leader binds them to; () for
-        a certificate with no SAN at all)."""
+        """(certificate, key) for `cn`; servers get 127.0.0.1 and localhost as SANs (or `san`
+        as DNS names), clients `san` as DNS names (default: the CN, the host id the leader
+        binds them to; () for a certificate with no SAN at all)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         b = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(self.cert.subject)
@@ -48,7 +48,10 @@ class CA:
              .not_valid_after(now + datetime.timedelta(days=1))
              .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server
                                                    else ExtendedKeyUsageOID.CLIENT_AUTH]), False))
-        if server:
+        if server and san is not None:  # a server known by other names only
+            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in san]),
+                                False)
+        elif server:
             import ipaddress
 
             b = b.add_extension(x509.SubjectAlternativeName([
