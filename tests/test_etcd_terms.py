@@ -6,7 +6,7 @@ they were restarted. Now the term is the election key's create revision, which e
 assigns, and an agent under `ha = "etcd"` applies a plan of a new term only when etcd says
 that is the active leader's term.
 
-Real etcd (one member), a real cruxd agent process, and a hostile leader: a gRPC server of
+Real etcd (three members), a real cruxd agent process, and a hostile leader: a gRPC server of
 the test's own at a configured leader address, answering reports and streaming a plan of a
 term etcd never recorded, then one of the term etcd does record.
 """
@@ -79,7 +79,7 @@ def table_jobs(path: Path) -> tuple[int, set[str]]:
 
 
 def test_a_term_etcd_did_not_record_is_refused(tmp_path: Path) -> None:
-    etcd = EtcdCluster(tmp_path, members=1).start()
+    etcd = EtcdCluster(tmp_path).start()  # three members, as the HA tests run it
     server = grpc.server(futures.ThreadPoolExecutor(4))
     hostile = HostileLeader()
     lgrpc.add_LeaderServicer_to_server(hostile, server)  # type: ignore[no-untyped-call]
