@@ -21,7 +21,10 @@ def run_command(prog: str, body: Callable[[], int]) -> int:
         try:
             return body()
         except ImportError as exc:  # an optional extra this install lacks: name it
-            raise missing_extra(exc) or exc from exc
+            extra = missing_extra(exc)
+            if extra is None:
+                raise
+            raise extra from exc
     except CruxError as exc:
         logging.getLogger(prog).debug("fatal", exc_info=True)  # the trace, at debug level
         print(f"{prog}: error: {exc}", file=sys.stderr)
