@@ -100,7 +100,7 @@ def test_cruxd_refuses_a_role_whose_extra_is_missing(tmp_path: Path, block: list
                        f"sys.exit(main(['--config', {str(conf)!r}]))")
     assert r.returncode == 2, r.stderr[-2000:]
     assert line in r.stderr and "Traceback" not in r.stderr
-    assert not (tmp_path / "r" / "agent.sock").exists()  # refused before anything started
+    assert not (tmp_path / "s").exists()  # refused before it wrote anything
 
 
 def test_shared_files_are_found_in_a_checkout() -> None:

@@ -82,4 +82,3 @@ def test_a_leader_whose_certificate_names_another_host_gets_nothing(tmp_path: Pa
     finally:
         codes = [d.stop() for d in (agent, impostor)]
     assert codes == [0, 0]
-

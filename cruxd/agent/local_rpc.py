@@ -113,4 +113,3 @@ def _agent_status(a: apb.LocalAgentStatus, s: AgentStatus) -> None:
 def _shown(job: LocalJob) -> cpb.LocalJob:
     """A local job for a local client: its claim without a key's digest (job_claims.public)."""
     return convert.local_job_to_pb(replace(job, claim=public(job.claim)))
-

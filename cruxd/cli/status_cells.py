@@ -72,4 +72,3 @@ def fabric_levels(cluster: Any) -> str:
         return f"{where}, lossless (PFC)" + (f" [red]except {', '.join(off)}[/]" if off else "")
     return (f"{where}; [yellow]whether they are lossless is not checked[/] (declare [leader] "
             "lossless_priorities: docs/operations.md)")
-

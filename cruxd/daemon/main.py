@@ -75,6 +75,7 @@ class Daemon:
         from cruxd.rpc import tls
 
         c = self.config
+        _require_extras(c)  # an agent-only install asked to lead: nothing written yet
         self._directory(c.state_dir, 0o750, "daemon.state_dir")
         try:  # first: a second cruxd on this state_dir must not touch the first's files
             self.lock = instance_lock.acquire(c.state_dir)
@@ -85,7 +86,6 @@ class Daemon:
             tls.check_files(c.tls)
         except UsageError as exc:
             raise self._refused(exc.where, exc.why) from None
-        _require_extras(c)
 
     async def start(self) -> None:
         c = self.config
