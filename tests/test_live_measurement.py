@@ -126,12 +126,13 @@ def config(sysfs: Path, **kw: object) -> MeasureConfig:
     return MeasureConfig(**base)  # type: ignore[arg-type]
 
 
-def qp(job: str, device: str, port: int) -> ProcessRecords:
-    rec = QpRecord(pid=1, job_id=job, device=device, port=port, sgid_index=1, qpn=1,
+def qp(job: str, device: str, port: int, pid: int = 4242) -> ProcessRecords:
+    """A QP record of process `pid` (4242: the job's registered process in `live`)."""
+    rec = QpRecord(pid=pid, job_id=job, device=device, port=port, sgid_index=1, qpn=1,
                    dest_qpn=2, peer="10.0.0.2", outcome="applied", sport=0xC001,
                    flow_label=1, orig_flow_label=0, traffic_class=0, orig_traffic_class=0,
                    level=0, dscp=0, plan_generation=1, table_generation=1, created_ns=0)
-    return ProcessRecords(1, job, {}, 1, (rec,))
+    return ProcessRecords(pid, job, {}, 1, (rec,))
 
 
 def live(tmp_path: Path, records: list[ProcessRecords], jobs: int = 1) -> LiveMeasurement:
@@ -156,6 +157,14 @@ def test_job_counters_come_from_qp_records(tmp_path: Path) -> None:
     assert {c.name for c in m.counters} >= {"net:eth0", "rdma:mlx5_0/1"}
     assert m.job_counters("a") == ("rdma:mlx5_0/1",)
     assert m.job_counters("b") == ("net:eth0",)  # no QPs: the netdevs carry its traffic
+
+
+def test_a_record_from_outside_the_job_chooses_no_counter(tmp_path: Path) -> None:
+    # pid 1 is no process of job b (its registered 4242 and their descendants): its record
+    # names b and a NIC, which would have made b's t_j be read there (issue 37, item 7)
+    m = live(tmp_path, [qp("a", "mlx5_0", 1), qp("b", "mlx5_0", 1, pid=1)])
+    assert m.job_counters("a") == ("rdma:mlx5_0/1",)
+    assert m.job_counters("b") == ("net:eth0",)
 
 
 def test_gpus_by_process_and_the_only_job_fallback(tmp_path: Path) -> None:

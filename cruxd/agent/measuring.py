@@ -260,7 +260,7 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
                      ) -> tuple[str, ...]:
         if records is None:
             records = self.qp_records()
-        ports = {f"rdma:{q.device}/{q.port}" for r in records if r.job_id == job_id
+        ports = {f"rdma:{q.device}/{q.port}" for r in self._of_job(job_id, records)
                  for q in r.qps}
         have = {c.name for c in self.counters}
         mine = tuple(sorted(ports & have))
@@ -275,8 +275,18 @@ class LiveMeasurement(MeasurementDefaults):  # reconfigure: nothing reloads
             return NIC
         if records is None:
             records = self.qp_records()
-        kind = "qp" if any(r.job_id == job_id for r in records) else "sock"
+        kind = "qp" if self._of_job(job_id, records) else "sock"
         return kind if self.job_bytes.counted(kind, job_id) else NIC
+
+    def _of_job(self, job_id: str, records: list[ProcessRecords]) -> list[ProcessRecords]:
+        """The records that are the job's: its id, written by one of its registered processes
+        or their descendants. Any process can write a record naming any job; its claim alone
+        would choose which NIC counters measure that job (issue 37)."""
+        claimed = [r for r in records if r.job_id == job_id]
+        if not claimed:
+            return []
+        owners = set(self.owners(job_id))
+        return [r for r in claimed if belongs(r.pid, owners)]
 
     def job_devices(self, job_id: str) -> set[int]:
         owners = set(self.owners(job_id))
