@@ -73,6 +73,9 @@ static struct {
     struct crux_tablemap map; /* the decision table (crux_tablemap.h) */
     void *qps;             /* this process's records, NULL until the first connect */
     pid_t qps_pid;         /* who created them: a forked child makes its own */
+    int qps_fd;            /* their file, kept open: it holds the lock (crux_recfile.h) */
+    dev_t qps_dev;         /* and what it is, to know it in a child by */
+    ino_t qps_ino;
     int qps_failed;
     int log;
     char job[CRUX_JOB_ID_LEN];
@@ -165,6 +168,10 @@ static void *qps_file(void)
         return st.qps;
     if (st.qps != NULL) { /* inherited across fork(): the parent's file, not ours */
         munmap(st.qps, QPS_LEN);
+        struct stat sb; /* its descriptor too, unless the program closed it and reused the
+                           number; closing it here leaves the parent's lock alone */
+        if (fstat(st.qps_fd, &sb) == 0 && sb.st_dev == st.qps_dev && sb.st_ino == st.qps_ino)
+            close(st.qps_fd);
         st.qps = NULL;
         st.qps_failed = 0;
     }
@@ -172,11 +179,13 @@ static void *qps_file(void)
         return NULL;
     char path[4200];
     snprintf(path, sizeof path, "%s/%d", st.qps_dir, (int)pid);
-    int fd = crux_record_open(path, O_RDWR); /* a planted name is refused: crux_recfile.h */
+    /* locked, and a planted name passed by: crux_recfile.h */
+    int fd = crux_record_open(path, sizeof path, O_RDWR);
     void *p = MAP_FAILED;
-    if (fd >= 0 && ftruncate(fd, QPS_LEN) == 0)
+    struct stat sb;
+    if (fd >= 0 && ftruncate(fd, QPS_LEN) == 0 && fstat(fd, &sb) == 0)
         p = mmap(NULL, QPS_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (fd >= 0)
+    if (p == MAP_FAILED && fd >= 0)
         close(fd);
     if (p == MAP_FAILED) {
         st.qps_failed = 1; /* no agent directory: the job runs, unrecorded */
@@ -187,6 +196,9 @@ static void *qps_file(void)
     crux_qps_init(p, QPS_LEN, (uint32_t)pid, st.job);
     st.qps = p;
     st.qps_pid = pid;
+    st.qps_fd = fd; /* never closed by us while we live: that would drop the lock */
+    st.qps_dev = sb.st_dev;
+    st.qps_ino = sb.st_ino;
     return p;
 }
 

@@ -112,12 +112,13 @@ static void setup(void)
         atomic_flag_clear(&slot_lock[i]);
 }
 
-/* The record file, created exclusively (crux_recfile.h). */
+/* The record file, created exclusively and locked (crux_recfile.h): `fd` stays open, as its
+ * lock tells the agent who writes it. */
 static int open_record(void)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/" CRUX_NCCLREC_PREFIX "%d", dir, (int)nc_pid);
-    int f = crux_record_open(path, O_WRONLY);
+    int f = crux_record_open(path, sizeof path, O_WRONLY);
     if (f < 0 && log_on)
         nc_log("no record (%s): t_j comes from the NIC counters", path);
     return f;

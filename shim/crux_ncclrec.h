@@ -3,10 +3,12 @@
  * of the process's NCCL communicators had data on the network, and how much.
  *
  * One file per process, `<dir>/nccl-<pid>`, in the QP records' directory (crux_qps.h: $CRUX_QP_DIR,
- * else the decision table's directory plus "/qps"). The plugin creates it exclusively
- * (O_EXCL|O_NOFOLLOW: a name another uid planted is refused, and the job runs unrecorded) and
- * rewrites it whole with one pwrite at most every CRUX_NCCLREC_FLUSH_NS, never through a
- * mapping, so nobody can turn a truncation into a SIGBUS in the job. The agent reads it with
+ * else the decision table's directory plus "/qps"). The plugin creates it exclusively and
+ * holds its lock while it lives (crux_recfile.h: a name another uid planted, or another pid
+ * namespace's live writer's, is passed by for `nccl-<pid>.1` and on; the lock tells the agent
+ * who the writer is, whatever its pid namespace) and rewrites it whole with one pwrite at
+ * most every CRUX_NCCLREC_FLUSH_NS, never through a mapping, so nobody can turn a truncation
+ * into a SIGBUS in the job. The agent reads it with
  * pread as untrusted input (transport/nccl_records.py) and checks `checksum`, which a read
  * that raced a write fails. Host byte order; the file never leaves the host.
  *

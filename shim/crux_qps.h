@@ -5,7 +5,9 @@
  * One file per process, `<dir>/<pid>`, where <dir> is $CRUX_QP_DIR or the directory of the
  * decision table plus "/qps" (default /run/crux/qps, created by the agent mode 1777 like /tmp so
  * that jobs of any user can write their own file). The shim creates its file on the first
- * recorded QP, exclusively (crux_recfile.h: a name another uid planted is refused), and maps
+ * recorded QP, exclusively, and holds its lock while it lives (crux_recfile.h: a name another
+ * uid planted, or another pid namespace's live writer's, is passed by for `<pid>.1` and on;
+ * the lock tells the agent who the writer is, whatever its pid namespace), and maps
  * it read-write; the agent maps it read-only, reads records under each
  * record's seqlock (the same protocol as the decision table: crux_table.h) and removes files of
  * processes that are gone. Host byte order; the file never leaves the host.

@@ -95,6 +95,8 @@ static struct {
     struct crux_tablemap map; /* the decision table (crux_tablemap.h) */
     struct crux_sockrec *rec; /* this process's counters, NULL until the first counted call */
     int rec_failed;
+    dev_t rec_dev; /* the record file, to know its descriptor (rec_fd) by */
+    ino_t rec_ino;
     char job[CRUX_JOB_ID_LEN];
     char table_path[4096];
     char rec_dir[4096];
@@ -111,6 +113,10 @@ static struct {
         uint16_t dport;
     } route[LOGGED_ROUTES];
 } busy_said;
+
+/* The record's descriptor, which holds the record's lock for the agent (crux_recfile.h) and
+ * so stays open; -1 without one. Read without the lock by crux_sockbytes.c's close/dup2. */
+static _Atomic int rec_fd = -1;
 
 static const char *const outcome_names[CRUX_SOCK_OUT_COUNT] = {
     "applied", "tos-only", "no-job", "no-table", "bad-table", "no-entry", "ports-busy",
@@ -138,6 +144,10 @@ static void atfork_child(void)
 {
     if (st.rec != NULL)
         munmap(st.rec, CRUX_SOCKREC_SIZE); /* the parent's counters, not ours */
+    int fd = crux_sock_record_fd(); /* the parent's file; closing it here leaves its lock */
+    atomic_store(&rec_fd, -1);
+    if (fd >= 0)
+        syscall(SYS_close, fd);
     st.rec = NULL;
     st.rec_failed = 0;
     memset(&busy_said, 0, sizeof busy_said); /* another process: its own lines, its own file */
@@ -184,15 +194,16 @@ static struct crux_sockrec *rec_file(void)
     char path[4200];
     pid_t pid = getpid();
     snprintf(path, sizeof path, "%s/" CRUX_SOCKREC_PREFIX "%d", st.rec_dir, (int)pid);
-    /* Created exclusively (crux_recfile.h): a name another uid planted, which it could
-     * truncate under our mapping (SIGBUS in the job), a link or a FIFO, is refused. */
-    int fd = crux_record_open(path, O_RDWR);
+    /* Created exclusively and locked (crux_recfile.h): a name another uid planted, which it
+     * could truncate under our mapping (SIGBUS in the job), a link or a FIFO, is passed by. */
+    int fd = crux_record_open(path, sizeof path, O_RDWR);
     void *p = MAP_FAILED;
-    if (fd >= 0 && ftruncate(fd, CRUX_SOCKREC_SIZE) == 0)
+    struct stat sb;
+    if (fd >= 0 && ftruncate(fd, CRUX_SOCKREC_SIZE) == 0 && fstat(fd, &sb) == 0)
         p = mmap(NULL, CRUX_SOCKREC_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (fd >= 0)
-        close(fd);
     if (p == MAP_FAILED) {
+        if (fd >= 0)
+            syscall(SYS_close, fd);
         st.rec_failed = 1;
         if (st.log)
             fprintf(stderr, "crux-sock: cannot count connects in %s: %s\n", path,
@@ -210,7 +221,46 @@ static struct crux_sockrec *rec_file(void)
     atomic_store_explicit((_Atomic uint64_t *)&r->magic, CRUX_SOCKREC_MAGIC,
                           memory_order_release);
     __atomic_store_n(&st.rec, r, __ATOMIC_RELEASE); /* crux_sock_record reads it unlocked */
+    st.rec_dev = sb.st_dev;
+    st.rec_ino = sb.st_ino;
+    atomic_store(&rec_fd, fd); /* kept open: its lock says who we are while we live */
     return r;
+}
+
+int crux_sock_record_fd(void)
+{
+    int fd = atomic_load(&rec_fd);
+    struct stat sb; /* still the record? close_range() in a libc we do not see may have closed it */
+    if (fd < 0 || (fstat(fd, &sb) == 0 && sb.st_dev == st.rec_dev && sb.st_ino == st.rec_ino))
+        return fd;
+    atomic_compare_exchange_strong(&rec_fd, &fd, -1); /* the number is the program's now */
+    return -1;
+}
+
+int crux_sock_record_fd_is(int fd)
+{
+    return fd >= 0 && fd == atomic_load_explicit(&rec_fd, memory_order_relaxed)
+           && crux_sock_record_fd() == fd;
+}
+
+int crux_sock_record_fd_move(void)
+{
+    int fd = crux_sock_record_fd();
+    int moved = fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (moved >= 0)
+        atomic_store(&rec_fd, moved);
+    return moved;
+}
+
+void crux_sock_record_fd_relock(int keep, int drop)
+{
+    if (drop >= 0)
+        syscall(SYS_close, drop);
+    atomic_store(&rec_fd, keep);
+    struct flock l = {.l_type = F_WRLCK};
+    if (keep >= 0 && crux_record_lock(keep, F_SETLK, &l) != 0 && st.log)
+        fprintf(stderr, "crux-sock: pid %d: the record's lock is lost: %s\n", (int)getpid(),
+                strerror(errno));
 }
 
 int crux_sock_job_counted(void)

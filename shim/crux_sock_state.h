@@ -27,4 +27,19 @@ CRUX_SOCK_HIDDEN struct crux_sockrec *crux_sock_record(void);
  * a NIC) unless CRUX_SOCK_LOOPBACK=1. Called by crux_sock.c; a no-op without a job. */
 CRUX_SOCK_HIDDEN void crux_sockbytes_track(int fd, const uint8_t peer[16]);
 
+/* The record's descriptor (crux_sock.c), which holds the lock that tells the agent who wrote
+ * the record (crux_recfile.h): closing it, or any other descriptor of the file, would drop
+ * the lock, so the program's close, close_range, closefrom, dup2 and dup3 leave it alone
+ * (crux_sockbytes.c). The program never opened it: to the program that number is not open. */
+/* The descriptor, -1 when there is none or it is no longer the record's (checked by inode). */
+CRUX_SOCK_HIDDEN int crux_sock_record_fd(void);
+/* Whether `fd` is the record's descriptor (a compare, and an fstat only when it is). */
+CRUX_SOCK_HIDDEN int crux_sock_record_fd_is(int fd);
+/* The program dup2s onto the record's number: the record moves to a new one first (returned,
+ * -1 if it cannot: the lock then goes, and the agent takes the record as gone). */
+CRUX_SOCK_HIDDEN int crux_sock_record_fd_move(void);
+/* After that dup2: the record's descriptor is `keep`; `drop` (or -1) is closed; the lock,
+ * which any close of the file dropped, is taken again. */
+CRUX_SOCK_HIDDEN void crux_sock_record_fd_relock(int keep, int drop);
+
 #endif /* CRUX_SOCK_STATE_H */

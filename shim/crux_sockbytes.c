@@ -13,10 +13,12 @@
  * send, NCCL's socket transport send, gloo sendmsg and writev.
  *
  * The hot path is one bit test: the connections are a bitmap indexed by descriptor, set when
- * a connect or accept is seen and cleared on close; dup, dup2 and dup3 carry the bit to the
- * new descriptor. Descriptors from MAX_FDS up, those made by fcntl(F_DUPFD), and sends through
- * an unseen path (a static binary, raw syscalls, sendfile, io_uring) are not counted. A write
- * on any other descriptor costs the bit test and nothing else.
+ * a connect or accept is seen and cleared on close (close_range, closefrom); dup, dup2 and
+ * dup3 carry the bit to the new descriptor. Those calls also keep off the record's own
+ * descriptor, which holds the record's lock (crux_sock_state.h). Descriptors from MAX_FDS up,
+ * those made by fcntl(F_DUPFD), and sends through an unseen path (a static binary, raw
+ * syscalls, sendfile, io_uring) are not counted. A write on any other descriptor costs the bit
+ * test and nothing else.
  *
  * It also records the TCP ports the process listen()s on (getsockname after a successful
  * listen; the first 16 distinct ones, not those bound to loopback unless CRUX_SOCK_LOOPBACK=1),
@@ -45,6 +47,9 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_FDS 65536 /* descriptors counted: 8 KiB of bits */
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2) /* linux/close_range.h, for older headers */
+#endif
 
 typedef ssize_t (*send_fn)(int, const void *, size_t, int);
 typedef ssize_t (*sendto_fn)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
@@ -56,6 +61,8 @@ typedef int (*dup_fn)(int);
 typedef int (*dup2_fn)(int, int);
 typedef int (*dup3_fn)(int, int, int);
 typedef int (*listen_fn)(int, int);
+typedef int (*close_range_fn)(unsigned, unsigned, int);
+typedef void (*closefrom_fn)(int);
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static struct {
@@ -69,6 +76,8 @@ static struct {
     dup2_fn dup2;
     dup3_fn dup3;
     listen_fn listen;
+    close_range_fn close_range; /* NULL in a libc without it (before glibc 2.34) */
+    closefrom_fn closefrom;
 } real;
 static _Atomic int ready; /* `real` is filled in */
 static int count_loopback;
@@ -86,6 +95,8 @@ static void init_once(void)
     real.dup2 = (dup2_fn)dlsym(RTLD_NEXT, "dup2");
     real.dup3 = (dup3_fn)dlsym(RTLD_NEXT, "dup3");
     real.listen = (listen_fn)dlsym(RTLD_NEXT, "listen");
+    real.close_range = (close_range_fn)dlsym(RTLD_NEXT, "close_range");
+    real.closefrom = (closefrom_fn)dlsym(RTLD_NEXT, "closefrom");
     const char *lo = getenv("CRUX_SOCK_LOOPBACK");
     count_loopback = lo != NULL && strcmp(lo, "1") == 0;
     atomic_store_explicit(&ready, 1, memory_order_release);
@@ -196,12 +207,63 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
 }
 
 /* The bit goes before the descriptor: a number reused at once by another thread's open
- * must not find it set. */
+ * must not find it set. The record's own descriptor is not the program's to close
+ * (crux_sock_state.h). */
 EXPORT int close(int fd)
 {
     init();
+    if (crux_sock_record_fd_is(fd)) {
+        errno = EBADF;
+        return -1;
+    }
     set_counted(fd, 0);
     return real.close != NULL ? real.close(fd) : (int)syscall(SYS_close, fd);
+}
+
+static int close_range_real(unsigned first, unsigned last, int flags)
+{
+    if (first > last)
+        return 0;
+    if (real.close_range != NULL)
+        return real.close_range(first, last, flags);
+#ifdef SYS_close_range
+    return (int)syscall(SYS_close_range, first, last, flags);
+#else
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* Closes [first, last] but the record's descriptor, clearing the bits first (as close). With
+ * CLOSE_RANGE_CLOEXEC nothing closes now (the record's is close-on-exec already). */
+EXPORT int close_range(unsigned first, unsigned last, int flags)
+{
+    init();
+    if (flags & CLOSE_RANGE_CLOEXEC)
+        return close_range_real(first, last, flags);
+    for (unsigned fd = first; fd <= last && fd < MAX_FDS; fd++)
+        set_counted((int)fd, 0);
+    int keep = crux_sock_record_fd();
+    if (keep < 0 || (unsigned)keep < first || (unsigned)keep > last)
+        return close_range_real(first, last, flags);
+    int r = keep > 0 ? close_range_real(first, (unsigned)keep - 1, flags) : 0;
+    return r == 0 && (unsigned)keep < last ? close_range_real((unsigned)keep + 1, last, flags) : r;
+}
+
+/* glibc's closefrom, unless the record's descriptor is in its way: then close_range above,
+ * and glibc's (the record's lock lost, the program's call kept) only if that fails. */
+EXPORT void closefrom(int low)
+{
+    init();
+    unsigned from = low < 0 ? 0 : (unsigned)low;
+    int keep = crux_sock_record_fd();
+    if ((keep < 0 || (unsigned)keep < from) && real.closefrom != NULL) {
+        for (unsigned fd = from; fd < MAX_FDS; fd++)
+            set_counted((int)fd, 0);
+        real.closefrom(low);
+    } else if (close_range(from, ~0u, 0) != 0 && real.closefrom != NULL) {
+        real.closefrom(low);
+    }
 }
 
 EXPORT int dup(int fd)
@@ -213,10 +275,18 @@ EXPORT int dup(int fd)
     return r;
 }
 
+/* dup2/dup3 onto the record's descriptor: the program wants that number, so the record moves
+ * off it first and locks again after (crux_sock_state.h). */
 EXPORT int dup3(int fd, int to, int flags)
 {
     init();
+    int moved = fd != to && crux_sock_record_fd_is(to) ? crux_sock_record_fd_move() : -1;
     int r = real.dup3 != NULL ? real.dup3(fd, to, flags) : (int)syscall(SYS_dup3, fd, to, flags);
+    if (moved >= 0) {
+        int saved = errno;
+        crux_sock_record_fd_relock(r >= 0 ? moved : to, r >= 0 ? -1 : moved);
+        errno = saved;
+    }
     if (r >= 0)
         set_counted(r, is_counted(fd));
     return r;
@@ -225,6 +295,7 @@ EXPORT int dup3(int fd, int to, int flags)
 EXPORT int dup2(int fd, int to)
 {
     init();
+    int moved = fd != to && crux_sock_record_fd_is(to) ? crux_sock_record_fd_move() : -1;
     int r;
     if (real.dup2 != NULL)
         r = real.dup2(fd, to);
@@ -232,6 +303,11 @@ EXPORT int dup2(int fd, int to)
         r = fcntl(fd, F_GETFD) < 0 ? -1 : to;
     else
         r = (int)syscall(SYS_dup3, fd, to, 0);
+    if (moved >= 0) {
+        int saved = errno;
+        crux_sock_record_fd_relock(r >= 0 ? moved : to, r >= 0 ? -1 : moved);
+        errno = saved;
+    }
     if (r >= 0 && r != fd)
         set_counted(r, is_counted(fd));
     return r;

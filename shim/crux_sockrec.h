@@ -6,8 +6,11 @@
  * One file per process, `<dir>/sock-<pid>`, beside the verbs shim's QP records (crux_qps.h):
  * <dir> is $CRUX_QP_DIR or the decision table's directory plus "/qps" (default /run/crux/qps,
  * mode 1777, created by the agent). The interposer creates its file on the first counted
- * connect, exclusively (crux_recfile.h: a name another uid planted is refused), mode 0644, maps it read-write and bumps counters with atomic adds from
- * any thread; a forked child makes its own file. The agent reads it with read(2), never mmap (a
+ * connect, exclusively, and holds its lock while it lives (crux_recfile.h: a name another uid
+ * planted, or another pid namespace's live writer's, is passed by for `sock-<pid>.1` and on;
+ * the lock tells the agent who the writer is, whatever its pid namespace), mode 0444, maps it
+ * read-write and bumps counters with atomic adds from any thread; a forked child makes its own
+ * file. The agent reads it with read(2), never mmap (a
  * job may truncate its file under a mapping: SIGBUS), checks every size against the constants
  * here, and removes files of processes that are gone (transport/sock_records.py). Host byte
  * order; the file never leaves the host.

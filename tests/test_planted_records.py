@@ -1,9 +1,9 @@
 """A record name another user planted in the shared records directory (issue 37, item 3):
-the job-side library refuses it and the job runs on, unrecorded; the planted file is left
-as it was. Before, the socket interposer opened it with O_TRUNC and mapped it, and its
-planter could truncate it under the mapping: SIGBUS, exit 135, in a root job. The verbs
-wrapper's QP records use the same creation (shim/crux_recfile.h); the NCCL profiler's are
-tested in tests/test_nccl_profiler.py."""
+the job-side library passes it by and the job runs on, recorded under the next name
+(`sock-<pid>.1`); the planted file is left as it was. Before, the socket interposer opened it
+with O_TRUNC and mapped it, and its planter could truncate it under the mapping: SIGBUS, exit
+135, in a root job. The verbs wrapper's QP records use the same creation
+(shim/crux_recfile.h); the NCCL profiler's are tested in tests/test_nccl_profiler.py."""
 
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ def test_a_planted_counter_file_is_refused_and_the_job_runs_on(tmp_path: Path) -
     done, name = run_job(tmp_path, "other")
     assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
     assert name.read_bytes() == b"planted" and name.stat().st_uid == 65534
+    assert Path(f"{name}.1").stat().st_uid == 0  # the job's own record, beside it
     # a leftover of this uid is replaced by the live process's own record
     done, name = run_job(tmp_path, "ours")
     assert done.returncode == 0
@@ -70,4 +71,4 @@ def test_a_planted_counter_file_is_refused_and_the_job_runs_on(tmp_path: Path) -
     # and with nothing planted, the record is made as always
     done, name = run_job(tmp_path, None)
     assert done.returncode == 0 and name.stat().st_size > 0
-    assert oct(name.stat().st_mode & 0o777) == oct(0o644)
+    assert oct(name.stat().st_mode & 0o777) == oct(0o444)  # its writer locks (crux_recfile.h)

@@ -79,7 +79,7 @@ class CommBursts:
 
 @dataclass(frozen=True)
 class NcclRecord:
-    pid: int
+    pid: int  # the writer's; read_dir gives it as the agent sees it (transport/pid_files.py)
     job_id: str
     api_version: int
     written_ns: int
@@ -90,6 +90,7 @@ class NcclRecord:
     bad_events: int
     chain: str  # CHAIN
     chained: str  # the chained plugin's name
+    file: str = ""  # its name in the directory; "" where not read from one
 
 
 def checksum(buf: bytes) -> int:
@@ -149,6 +150,7 @@ def _comm(s: np.void) -> CommBursts | None:
 
 def read_dir(path: str | os.PathLike[str], *, prune: bool = False
              ) -> tuple[list[NcclRecord], list[str]]:
-    """(records of live processes, problems) from the `nccl-<pid>` files; with prune, files
-    of processes that are gone are removed (transport/pid_files.py scans)."""
+    """(records of live processes, problems) from the `nccl-<pid>` files, each with its
+    process's pid as the agent sees it; with prune, files of processes that are gone are
+    removed (transport/pid_files.py scans)."""
     return scan(path, PREFIX, SIZE, parse, prune=prune)

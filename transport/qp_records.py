@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from transport.decision_table import Decision
@@ -79,12 +79,13 @@ class Traffic:
 
 @dataclass(frozen=True)
 class ProcessRecords:
-    pid: int
+    pid: int  # the writer's; read_dir gives it as the agent sees it (transport/pid_files.py)
     job_id: str
     counters: dict[str, int]  # intercepted connects by outcome
     calls: int
     qps: tuple[QpRecord, ...]
     retired: Traffic = Traffic()  # the process's destroyed QPs' counters
+    file: str = ""  # its name in the directory; "" where not read from one
 
 
 class RecordsError(ValueError):
@@ -138,8 +139,12 @@ def parse(buf: bytes | memoryview) -> ProcessRecords:
 def read_dir(path: str | os.PathLike[str], *, prune: bool = False
              ) -> tuple[list[ProcessRecords], list[str]]:
     """(records of live processes, problems): the `<pid>` files only, as the TCP
-    interposer's `sock-<pid>` files share the directory (transport/pid_files.py scans)."""
-    return scan(path, "", MAX_FILE, parse, prune=prune)
+    interposer's `sock-<pid>` files share the directory (transport/pid_files.py scans). Each
+    process and its QPs carry its pid as the agent sees it."""
+    records, problems = scan(path, "", MAX_FILE, parse, prune=prune)
+    return [r if all(q.pid == r.pid for q in r.qps)
+            else replace(r, qps=tuple(replace(q, pid=r.pid) for q in r.qps))
+            for r in records], problems
 
 
 def bytes_posted_offset(slot: int) -> int:

@@ -52,7 +52,7 @@ class SockRecordError(ValueError):
 
 @dataclass(frozen=True)
 class SockCounts:
-    pid: int
+    pid: int  # the writer's; read_dir gives it as the agent sees it (transport/pid_files.py)
     job_id: str  # "" when the process had no CRUX_JOB_ID
     counters: dict[str, int]  # counted connects by outcome (every name in OUTCOMES)
     calls: int
@@ -62,6 +62,7 @@ class SockCounts:
     send_calls: int = 0
     listen_ports: tuple[int, ...] = ()  # distinct TCP ports it listens on, in listen order
     version: int = VERSION
+    file: str = ""  # its name in the directory; "" where not read from one
 
 
 def parse(buf: bytes) -> SockCounts:
@@ -95,9 +96,9 @@ def read_file(path: Path) -> SockCounts:
 
 def read_dir(path: str | os.PathLike[str], *, prune: bool = False,
              gone: list[SockCounts] | None = None) -> tuple[list[SockCounts], list[str]]:
-    """(counters of live processes, problems) from the `sock-<pid>` files; with prune, files
-    of processes that are gone are removed, and `gone` collects what they said
-    (transport/pid_files.py scans)."""
+    """(counters of live processes, problems) from the `sock-<pid>` files, each with its
+    process's pid as the agent sees it; with prune, files of processes that are gone are
+    removed, and `gone` collects what they said (transport/pid_files.py scans)."""
     return scan(path, PREFIX, SIZE, parse, prune=prune, gone=gone)
 
 

@@ -40,10 +40,10 @@ class DataPlane:
         self.problems: list[str] = []
         self.skips = SkippedFiles(LOG)  # record files refused, over all scans
         # ports-busy connects of the registered jobs (`_jobs`): the live processes' counters
-        # as last read, by (job, pid, file creation), and per job the sum of those of its
+        # as last read, by (job, file, file creation), and per job the sum of those of its
         # processes that exited since it registered (their files go, the count stays)
         self._jobs: frozenset[str] = frozenset()
-        self._busy_live: dict[tuple[str, int, int], int] = {}
+        self._busy_live: dict[tuple[str, str, int], int] = {}
         self._busy_gone: dict[str, int] = {}
         self.last_busy: dict[str, int] = {}  # ports_busy's last answer (the metrics read it)
         self.sock_records: list[SockCounts] = []  # the socket counters as last read
@@ -139,9 +139,10 @@ class DataPlane:
         gone: list[SockCounts] = []
         records, problems = read_sock_dir(self.qp_dir, prune=True, gone=gone)
         self.skips.note("socket counters", problems)
-        live = {(r.job_id, r.pid, r.created_ns): r.counters["ports-busy"] for r in records
+        # by file, not pid: a gone file's pid is the job's own view, a live one's the host's
+        live = {(r.job_id, r.file, r.created_ns): r.counters["ports-busy"] for r in records
                 if r.job_id in self._jobs}
-        ended = {(r.job_id, r.pid, r.created_ns): r.counters["ports-busy"] for r in gone
+        ended = {(r.job_id, r.file, r.created_ns): r.counters["ports-busy"] for r in gone
                  if r.job_id in self._jobs}
         for key in self._busy_live.keys() - live.keys():  # exited: its file's last word
             if key[0] in self._jobs:

@@ -57,7 +57,7 @@ class JobCounter:
     """One monotonic u64 in a process's record file that counts bytes for a job."""
     key: str  # unique while it counts the same thing: a recreated file is a new key
     job_id: str
-    pid: int
+    pid: int  # as the agent sees it (the file is named by the job's own view of it)
     path: Path
     offset: int
 
@@ -80,9 +80,8 @@ class SockBytesSource:
 
     def counters(self) -> tuple[list[JobCounter], list[str]]:
         records, problems = sock_records.read_dir(self.directory)  # the agent prunes, not us
-        return [JobCounter(f"sock:{r.pid}:{r.created_ns}", r.job_id, r.pid,
-                           self.directory / f"{sock_records.PREFIX}{r.pid}",
-                           sock_records.BYTES_SENT_OFFSET)
+        return [JobCounter(f"sock:{r.file}:{r.created_ns}", r.job_id, r.pid,
+                           self.directory / r.file, sock_records.BYTES_SENT_OFFSET)
                 for r in records if r.version >= 2 and r.job_id], problems
 
 
@@ -98,8 +97,8 @@ class QpBytesSource:
 
     def counters(self) -> tuple[list[JobCounter], list[str]]:
         records, problems = qp_records.read_dir(self.directory)
-        return [JobCounter(f"qp:{p.pid}:{q.slot}:{q.qpn}:{q.created_ns}", p.job_id, p.pid,
-                           self.directory / str(p.pid), qp_records.bytes_posted_offset(q.slot))
+        return [JobCounter(f"qp:{p.file}:{q.slot}:{q.qpn}:{q.created_ns}", p.job_id, p.pid,
+                           self.directory / p.file, qp_records.bytes_posted_offset(q.slot))
                 for p in records if p.job_id for q in p.qps if q.slot >= 0], problems
 
 
