@@ -16,8 +16,11 @@ STUBS = sorted((REPO / "cruxd" / "rpc" / "gen").rglob("*_grpc.py"))
 
 
 def _floors() -> dict[str, tuple[int, ...]]:
+    """The version floors of every requirement, the extras' included (grpcio-reflection
+    is crux[leader]'s)."""
     out = {}
-    for dep in PROJECT["dependencies"]:
+    extras = PROJECT["optional-dependencies"].values()
+    for dep in [*PROJECT["dependencies"], *(d for deps in extras for d in deps)]:
         m = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", dep.replace(" ", ""))
         if m:
             out[m.group(1).lower()] = tuple(int(x) for x in m.group(2).split("."))

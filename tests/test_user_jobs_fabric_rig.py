@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow,
 DPORT = 5201
 JOB = ("--gpus", "8", "--nnodes", "2", "--flops-per-iter", "1e12", "--compute-s", "1",
        "--allreduce-bytes", "2e9")
+KEY = {"CRUX_JOB_KEY": "the-ranks-share-this-key"}  # 24 bytes, the same for every rank
 
 
 def tcp_ports_to(doc: dict[str, Any], job: str, peer_host: str) -> list[int] | None:
@@ -88,12 +89,15 @@ def test_a_users_first_connections_leave_from_decided_ports_in_the_decided_class
                         crux_run(h1.socket, "warm", *JOB, "--node-rank", "1")]
             wait_for("TCP ports toward h1", lambda: tcp_ports_to(status(sock), "warm", "h1"),
                      timeout=90)
-            anchors += [crux_run(h1.socket, job, *JOB, "--node-rank", "1")
+            # h1's rank runs as root, h0's as nobody: uids that say nothing across hosts,
+            # so the job's ranks share a key, as a launcher gives them (job_claims.py)
+            anchors += [crux_run(h1.socket, job, *JOB, "--node-rank", "1", env=KEY)
                         for job in ("user", "quick")]
             cap = Capture(f, "h1", tmp_path / "syn.pcap")
             iperf = h.as_user([str(BIN / "crux-run"), "--job-id", "user", *JOB,
                                "--node-rank", "0", "--", "iperf3", "-c", f.address("h1"),
-                               "-p", str(DPORT), "-t", "1"], in_group=True, netns=f.ns("h0"))
+                               "-p", str(DPORT), "-t", "1"], in_group=True, netns=f.ns("h0"),
+                              env=KEY)
             decided = {"user": wait_for("user's decision", lambda: decision(h, f, "user"))}
             assert decided["user"] is not None
             out, err = iperf.communicate(timeout=60)
@@ -105,7 +109,7 @@ def test_a_users_first_connections_leave_from_decided_ports_in_the_decided_class
             quick = h.as_user([str(BIN / "crux-run"), "--job-id", "quick", *JOB,
                                "--node-rank", "0", "--", "bash", "-c",
                                f"date +%s.%N; exec 3<>/dev/tcp/{f.address('h1')}/{DPORT}; sleep 2"],
-                              in_group=True, netns=f.ns("h0"))
+                              in_group=True, netns=f.ns("h0"), env=KEY)
             decided["quick"] = wait_for("quick's decision", lambda: decision(h, f, "quick"))
             qout, qerr = quick.communicate(timeout=60)
             assert quick.returncode == 0, qerr

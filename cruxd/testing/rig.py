@@ -192,8 +192,9 @@ def status(socket_path: Path) -> dict[str, Any]:
 
 def crux_run(socket_path: Path, job: str, *extra: str,
              command: tuple[str, ...] = ("sleep", "600"), log: Path | None = None,
-             die_with_parent: bool = False) -> subprocess.Popen[bytes]:
+             die_with_parent: bool = False,
+             env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """`crux-run --socket ... --job-id job *extra -- *command`; its stderr is piped unless
-    it goes to `log`."""
+    it goes to `log`; `env` added to the environment (CRUX_JOB_KEY, say)."""
     return spawn([str(BIN / "crux-run"), "--socket", str(socket_path), "--job-id", job,
-                  *extra, "--", *command], log, die_with_parent=die_with_parent)
+                  *extra, "--", *command], log, env=env, die_with_parent=die_with_parent)
