@@ -22,11 +22,11 @@
  * ahead ungated, counted. */
 static void link_take(struct glink *l)
 {
-    if (l->broken) {
+    uint64_t t0 = now_ns();
+    if (l->broken || t0 < l->busy_until_ns) {
         count(ungated[CRUX_UNGATED_ERROR], 1);
         return;
     }
-    uint64_t t0 = now_ns();
     if (t0 >= l->level_next_ns && g.cfg.job_level != NULL) { /* the plan may have moved us */
         int lv = g.cfg.job_level();
         if (lv >= 0)
@@ -55,29 +55,43 @@ static void link_take(struct glink *l)
     count(ungated[rc == -ETIMEDOUT ? CRUX_UNGATED_TIMEOUT : CRUX_UNGATED_ERROR], 1);
     if (rc == -ENOTRECOVERABLE || rc == -EINVAL)
         l->broken = 1;
+    else if (rc == -EBUSY) /* someone keeps the link's internal mutex: do not pay 2 ms a post */
+        l->busy_until_ns = t1 + CRUX_GATE_BUSY_BACKOFF_NS;
 }
 
-/* Should a holder give the link up now? Called on every signaled post: one shared load when
- * nobody is queued. */
+#define YIELD 1 /* a better waiter is queued */
+#define LOST 2  /* the link is no longer ours: taken by the lease or revoked by the agent */
+
+/* Should a holder give the link up now? Called on every signaled post: two loads from one
+ * cache line of the shared file (holder pid, waiter count) when nobody is queued. */
 static inline int must_yield(struct glink *l)
 {
-    int top = crux_pcie_peek(g.sem, l->link, NULL);
+    int holder;
+    int top = crux_pcie_peek(g.sem, l->link, &holder);
+    if (__builtin_expect(holder != 1, 0))
+        return LOST;
     int level = (int)atomic_load_explicit(&l->level, RELAXED);
     if (__builtin_expect(top < level, 1))
         return 0;
     return top > level ||
-           now_ns() - atomic_load_explicit(&l->since_ns, RELAXED) >= g.cfg.quantum_ns;
+           now_ns() - atomic_load_explicit(&l->since_ns, RELAXED) >= g.cfg.quantum_ns
+               ? YIELD : 0;
 }
 
 static void link_slow(struct glink *l)
 {
     pthread_mutex_lock(&l->m);
+    int why;
     if (!atomic_load(&l->held)) {
         link_take(l);
-    } else if (must_yield(l)) { /* release, then queue behind the better waiter */
+    } else if ((why = must_yield(l)) != 0) { /* release, then queue behind the better waiter */
         atomic_store(&l->held, 0);
-        crux_pcie_release(g.sem, l->link);
-        count(yields, 1);
+        if (why == LOST) {
+            count(lost, 1); /* nothing to release: it is someone else's, or free */
+        } else {
+            crux_pcie_release(g.sem, l->link);
+            count(yields, 1);
+        }
         link_take(l);
     }
     pthread_mutex_unlock(&l->m);

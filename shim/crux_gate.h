@@ -39,7 +39,17 @@
  *
  * Fail open: whatever is missing or wrong leaves the context ungated (counted by reason in
  * `contexts`, looked at again at most once a second on later QP creations), and a failed or
- * too long acquire lets that post go ahead ungated (counted in `ungated`).
+ * too long acquire lets that post go ahead ungated (counted in `ungated`). Every wait in a post
+ * is bounded (issue 37, item 2): at most max_wait_ns (CRUX_GATE_MAX_WAIT_NS, 100 ms) plus the
+ * semaphore's internal-lock bound (CRUX_PCIE_LOCK_NS, 2 ms). An acquire that finds the link's
+ * internal mutex stuck (-EBUSY: a member stopped inside it) makes the link's posts go ungated
+ * without trying for CRUX_GATE_BUSY_BACKOFF_NS (100 ms), so a stuck mutex costs a post 2 ms
+ * at most once per back-off.
+ *
+ * Losing the link: the semaphore may take the link from a holder that keeps it past the lease
+ * while an equal or higher level waits, and the agent may revoke it (crux_pcie.h, "Trust").
+ * The fast path reads the link's holder pid next to its waiter count (one cache line), so the
+ * next signaled post notices, counts it in `lost` and takes the link again (queueing).
  */
 #ifndef CRUX_GATE_H
 #define CRUX_GATE_H
@@ -81,6 +91,7 @@ struct crux_gate_stats {
     uint64_t wait_ns;  /* time spent in those */
     uint64_t yields;   /* released early for a waiting level */
     uint64_t releases; /* released because the last QP went idle */
+    uint64_t lost;     /* found at a post that the link had been taken from us (lease, agent) */
 };
 
 struct crux_gate_config {
@@ -94,7 +105,11 @@ struct crux_gate_config {
 };
 
 #define CRUX_GATE_QUANTUM_NS 1000000ull        /* 1 ms */
-#define CRUX_GATE_MAX_WAIT_NS 10000000000LL    /* 10 s: a guard against unforeseen deadlocks */
+/* 100 ms: the longest a post waits for the link before it goes ungated (issue 37: every wait
+ * on the data path is bounded and short). A lower level behind a busy higher one then posts
+ * one signaled WR per 100 ms at most. */
+#define CRUX_GATE_MAX_WAIT_NS 100000000LL
+#define CRUX_GATE_BUSY_BACKOFF_NS 100000000ull /* 100 ms ungated after a stuck internal mutex */
 
 /* Set the configuration (copied; the strings must outlive the process). Call once, before
  * the first QP. */

@@ -84,6 +84,7 @@ void crux_gate_stats(struct crux_gate_stats *out)
     out->wait_ns = atomic_load(&g.wait_ns);
     out->yields = atomic_load(&g.yields);
     out->releases = atomic_load(&g.releases);
+    out->lost = atomic_load(&g.lost);
 }
 
 /* ---- configuration, fork, exit ---------------------------------------------------------- */
@@ -104,10 +105,11 @@ static void log_stats(void)
     struct crux_gate_stats s;
     crux_gate_stats(&s);
     fprintf(stderr, "crux-shim: pcie gate stats: acquires=%llu waits=%llu wait_ms=%.1f "
-            "yields=%llu releases=%llu ungated-error=%llu ungated-timeout=%llu "
+            "yields=%llu releases=%llu lost=%llu ungated-error=%llu ungated-timeout=%llu "
             "ungated-self=%llu ungated-untracked=%llu", (unsigned long long)s.acquires,
             (unsigned long long)s.waits, (double)s.wait_ns / 1e6, (unsigned long long)s.yields,
-            (unsigned long long)s.releases, (unsigned long long)s.ungated[0],
+            (unsigned long long)s.releases, (unsigned long long)s.lost,
+            (unsigned long long)s.ungated[0],
             (unsigned long long)s.ungated[1], (unsigned long long)s.ungated[2],
             (unsigned long long)s.ungated[3]);
     for (int i = 0; i < CRUX_GATE_REASONS; i++)

@@ -46,6 +46,7 @@ struct glink {
     _Atomic unsigned level;
     unsigned link;
     int broken; /* ENOTRECOVERABLE: the link is unusable, post ungated from now on */
+    uint64_t busy_until_ns; /* its internal mutex was stuck: post ungated until then */
     uint64_t level_next_ns;
     pthread_mutex_t m;
 };
@@ -81,7 +82,7 @@ struct crux_gate_state {
     struct gctx ctxs[MAX_CTX];
     struct gqp qps[QP_SLOTS];
     _Atomic uint64_t contexts[CRUX_GATE_REASONS], ungated[CRUX_UNGATED_COUNT];
-    _Atomic uint64_t acquires, waits, wait_ns, yields, releases;
+    _Atomic uint64_t acquires, waits, wait_ns, yields, releases, lost;
 };
 
 extern struct crux_gate_state crux_gate__g;

@@ -22,7 +22,7 @@ import pytest
 from cruxd.testing import wait_for
 from tests.cbuild import build
 from tests.test_pcie_links import GATE_SOURCES
-from transport.pcie import PcieLocks
+from transport.pcie import LEASE_ENV, PcieLocks
 from transport.pcie_links import DeviceLink, LinkMap, write_map
 
 DEADLINE = 30.0
@@ -160,7 +160,8 @@ def test_receives_do_not_count_errors_do_and_destroy_or_refusal_idles(
 
 
 def test_lower_level_waits_inside_post_while_the_higher_is_active(
-        rig: Callable[..., Drive], sem: PcieLocks) -> None:
+        rig: Callable[..., Drive], sem: PcieLocks, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LEASE_ENV, "0")  # hi waits for lo's next post, however late it comes
     lo, hi = rig(1), rig(5)
     lo("qp 0", "post 0 1")
     hi("qp 0")
@@ -181,8 +182,9 @@ def test_lower_level_waits_inside_post_while_the_higher_is_active(
     assert sem.stats(LINK).holder_pid == 0
 
 
-def test_equal_levels_take_turns_after_the_quantum(rig: Callable[..., Drive],
-                                                   sem: PcieLocks) -> None:
+def test_equal_levels_take_turns_after_the_quantum(rig: Callable[..., Drive], sem: PcieLocks,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LEASE_ENV, "0")  # the quantum alone ends turns here, not the lease
     patient, b = rig(3, quantum_us=10**8), rig(3)
     patient("qp 0", "post 0 1")
     b("qp 0")

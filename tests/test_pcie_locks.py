@@ -2,6 +2,10 @@
 
 Every wait is a bounded poll with a generous deadline (30 s): a deadlock fails the test, but no
 test asserts on how fast anything is. The library is the installed one (transport/native.py).
+
+These tests hold links for as long as they like while equal or higher levels wait, and count on
+mutual exclusion under load: they turn the lease off (CRUX_PCIE_LEASE_MS=0, read at open, and
+inherited by the forked children). tests/test_pcie_attacks.py tests the lease.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from hypothesis import strategies as st
 
 from cruxd.testing import wait_for
 from transport.pcie import (
+    LEASE_ENV,
     LEVELS,
     QUEUE_LEN,
     PcieLockError,
@@ -33,6 +38,11 @@ from transport.pcie import (
 
 CTX = mp.get_context("fork")
 DEADLINE = 30.0
+
+
+@pytest.fixture(autouse=True)
+def _no_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LEASE_ENV, "0")
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ file there). Each job is tests/c/rdma_stream.c loading the wrapper libibverbs th
 streaming RDMA WRITEs from rxe0 to rxe1; the map puts both devices on link 0 of a semaphore
 file, and the decision table gives "lo" plan level 1 and "hi" level 5.
 
-The floors are the issue's: while hi streams, lo completes under 10 % of its standalone rate;
+The floors are the issue's: while hi streams, lo completes under 10 % of its standalone rate
+(what it completes is one WR per CRUX_PCIE_MAX_WAIT_MS, 100 ms, posted ungated: issue 37);
 after hi stops, lo is back at 90 % or more (within three rounds: see the test); SIGKILL of hi
 mid-transfer lets lo resume within 1 s. Rates are lo's own, measured in the same run: "during"
 over the whole of hi's run (every byte counts), "standalone" and "after" as the median of the
@@ -181,7 +182,10 @@ def test_lower_priority_job_gives_the_link_to_the_higher_one(stream: Path, host:
     assert "pcie gate rxe0: gated, link 0 level 5" in hi_log, hi_log
     assert lo_s["yields"] >= 1 and lo_s["waits"] >= 1, lo_log  # it yielded, then waited
     assert hi_s["waits"] >= 1 and hi_s["yields"] == 0, hi_log  # it never gave the link up
-    assert sum(v for k, v in lo_s.items() if k.startswith("ungated")) == 0, lo_log
+    # Since issue 37 a post waits at most CRUX_PCIE_MAX_WAIT_MS (100 ms), then goes ungated:
+    # one 64 KiB WR per 100 ms (0.65 MB/s, inside the floor above) is all lo may post past hi.
+    assert all(v == 0 for k, v in lo_s.items()
+               if k.startswith("ungated") and k != "ungated-timeout"), lo_log
 
 
 def test_killed_higher_priority_job_releases_the_link(stream: Path, host: Path) -> None:

@@ -1,13 +1,17 @@
 """PCIe semaphores: a priority-aware lock per shared PCIe link, in shared memory.
 
 The lock itself is C (shim/crux_pcie.h documents the grant rule, liveness and limitations);
-this module is its ctypes binding for the agent (create, stats) and Python jobs (acquire,
-release), plus `shared_links`, which finds the PCIe links worth a semaphore on this host.
+this module is its ctypes binding for the agent (create, stats, revoke) and Python jobs
+(acquire, release), plus `shared_links`, which finds the PCIe links worth a semaphore on this
+host. `LAYOUT` mirrors the file's fixed layout (crux_pcie.h), for tools and tests that read it.
 
 The library is the installed libcrux_pcie.so (transport/native.py), or $CRUX_PCIE_LIB.
 
 Callers fail open: `held()` proceeds without the semaphore when it cannot be had; `acquire`
-raises PcieLockError (an OSError with the errno) for the caller to decide.
+raises PcieLockError (an OSError with the errno) for the caller to decide. Every member of the
+agent's group can write the file, so a hold is a priority hint, not mutual exclusion for data:
+a holder past the lease (20 ms) loses the link to an equal or higher waiter, a stopped holder
+to any waiter, and the agent can revoke a hold (crux_pcie.h, "Trust").
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from pathlib import Path
 from transport import native
 
 __all__ = [
-    "DEFAULT_PATH", "LEVELS", "QUEUE_LEN", "LinkStats", "PcieLockError", "PcieLocks",
-    "PcieSwitch", "library_path", "load_library", "shared_links",
+    "DEFAULT_PATH", "LAYOUT", "LEASE_ENV", "LEVELS", "QUEUE_LEN", "Layout", "LinkStats",
+    "PcieLockError", "PcieLocks", "PcieSwitch", "library_path", "load_library", "shared_links",
 ]
 
 log = logging.getLogger(__name__)
@@ -36,6 +40,33 @@ DEFAULT_PATH = "/run/crux/pcie"
 LEVELS = 8  # CRUX_PCIE_LEVELS
 QUEUE_LEN = 64  # CRUX_PCIE_QUEUE
 LIB_ENV = "CRUX_PCIE_LIB"
+LEASE_ENV = "CRUX_PCIE_LEASE_MS"  # read at open: this process's waits' lease, 0: none
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The semaphore file's layout (crux_pcie.h, version 2; asserted there at compile time)."""
+
+    version: int = 2
+    header_size: int = 64
+    link_size: int = 256 + 32 * QUEUE_LEN  # a 64-byte mutex slot, fields, counters, the queue
+    # offsets inside a link record
+    wake: int = 64
+    holder_pid: int = 68  # i32
+    holder_level: int = 72  # u32
+    nwaiters: int = 76  # u32
+    holder_start: int = 80  # u64: /proc/<pid>/stat field 22, + 1
+    held_since_ns: int = 88  # i64, CLOCK_MONOTONIC when first found held by another; 0: not yet
+    checked_ns: int = 104  # i64
+    queue: int = 256  # QUEUE_LEN slots of 32 bytes: pid i32, level u32, seq u64, start u64,
+    waiter_size: int = 32  # polled_ns i64
+
+    def link(self, index: int) -> int:
+        """The file offset of link record `index`."""
+        return self.header_size + index * self.link_size
+
+
+LAYOUT = Layout()
 
 
 class PcieLockError(OSError):
@@ -51,6 +82,12 @@ class _Stats(ctypes.Structure):
         ("contended", ctypes.c_uint64),
         ("recovered", ctypes.c_uint64),
         ("repairs", ctypes.c_uint64),
+        ("expired", ctypes.c_uint64),
+        ("stopped", ctypes.c_uint64),
+        ("foreign", ctypes.c_uint64),
+        ("stale", ctypes.c_uint64),
+        ("revoked", ctypes.c_uint64),
+        ("held_ns", ctypes.c_int64),
     ]
 
 
@@ -63,6 +100,12 @@ class LinkStats:
     contended: int  # grants that had to queue
     recovered: int  # dead holders/waiters purged
     repairs: int  # internal mutexes recovered after their owner died
+    expired: int = 0  # holders past the lease, ended by an equal or higher waiter
+    stopped: int = 0  # stopped holders/waiters purged
+    foreign: int = 0  # holders/waiters whose pid is another process (start time differs)
+    stale: int = 0  # queue slots not refreshed (abandoned, forged) dropped
+    revoked: int = 0  # holds the agent revoked
+    held_ns: int = 0  # how long the current hold has been seen by others (stats, waiters)
 
 
 def library_path() -> Path:
@@ -100,6 +143,7 @@ def load_library() -> ctypes.CDLL:
             ("crux_pcie_acquire_timed", i, [vp, u, u, ctypes.c_int64]),
             ("crux_pcie_release", i, [vp, u]),
             ("crux_pcie_stats", i, [vp, u, ctypes.POINTER(_Stats)]),
+            ("crux_pcie_revoke", i, [vp, u, ctypes.c_int32]),
             ("crux_pcie__test_lock_internal", i, [vp, u]),
         ]:
             fn = getattr(lib, name)
@@ -195,7 +239,40 @@ class PcieLocks:
         _check(int(self._lib.crux_pcie_stats(self._h(), link, ctypes.byref(s))), f"stats {link}")
         return LinkStats(holder_pid=s.holder_pid, holder_level=s.holder_level,
                          waiters=tuple(int(w) for w in s.waiters), grants=s.grants,
-                         contended=s.contended, recovered=s.recovered, repairs=s.repairs)
+                         contended=s.contended, recovered=s.recovered, repairs=s.repairs,
+                         expired=s.expired, stopped=s.stopped, foreign=s.foreign,
+                         stale=s.stale, revoked=s.revoked, held_ns=s.held_ns)
+
+    def revoke(self, link: int, pid: int = 0) -> bool:
+        """Agent side: take `link` from its holder, when that is `pid` (0: whoever holds it).
+
+        True when a hold was revoked. The waiters are woken; the old holder's release then fails
+        with EPERM and changes nothing, and the wrapper's gate notices at its next post."""
+        self._args(link, 0)
+        if not 0 <= pid < 2**31:
+            raise PcieLockError(errno.EINVAL, f"bad pid {pid}")
+        rc = int(self._lib.crux_pcie_revoke(self._h(), link, pid))
+        _check(rc, f"revoke link {link}")
+        return rc == 1
+
+    def revoke_pid(self, pid: int) -> list[int]:
+        """Agent side: revoke every link `pid` holds (a job deregistered or stuck); the links
+        revoked. A link whose internal mutex is stuck (EBUSY) is still tried lock-free."""
+        if pid <= 0:
+            raise PcieLockError(errno.EINVAL, f"bad pid {pid}")
+        return [link for link in range(self.links) if self.revoke(link, pid)]
+
+    def revoke_stuck(self, max_hold_s: float) -> list[tuple[int, int]]:
+        """Agent side: revoke every hold seen (by a waiter, or an earlier call of this or of
+        stats) at least `max_hold_s` ago; (link, pid) of each. Call it periodically: the first
+        call only starts the clock of a hold nobody waited for."""
+        done = []
+        for link in range(self.links):
+            st = self.stats(link)
+            if st.holder_pid and st.held_ns >= max_hold_s * 1e9 and \
+                    self.revoke(link, st.holder_pid):
+                done.append((link, st.holder_pid))
+        return done
 
     def _test_lock_internal(self, link: int) -> None:
         """Test hook: take the link's internal mutex and keep it (see crux_pcie.h)."""

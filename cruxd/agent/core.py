@@ -43,6 +43,9 @@ LOG = logging.getLogger(__name__)
 # registrations in 490 s): a job change asks for a report only once this many times the
 # last report's cost has passed since it, so reports take a bounded share of the loop.
 REPORT_SPACING = 20
+# a PCIe link held this long is taken back by the agent: an honest job's hold (first signaled
+# post to last completion) lasts seconds at most, and its gate queues again at the next post
+PCIE_MAX_HOLD_S = 10.0
 
 
 def plan_decisions(hp: HostPlan) -> list[Decision]:
@@ -101,11 +104,14 @@ class Agent:
         self._report_at = 0.0  # monotonic time of the last report built, and its cost
         self._report_cost = 0.0
         self._poke_timer: asyncio.TimerHandle | None = None
+        self._pcie_timer: asyncio.TimerHandle | None = None
         self._reprobe: frozenset[str] = frozenset()  # peers the plan asks to probe again
 
     async def start(self) -> None:
         self._restore()
         self.dataplane.start()
+        if self.dataplane.pcie_links:
+            self._pcie_timer = asyncio.get_running_loop().call_later(1.0, self._pcie_tick)
         self.measurement.start()
         await self.server.start()
         await self.link.start()
@@ -117,6 +123,9 @@ class Agent:
     async def stop(self) -> None:
         if self._poke_timer is not None:
             self._poke_timer.cancel()
+        if self._pcie_timer is not None:
+            self._pcie_timer.cancel()
+        self.dataplane.close()
         await self.probing.stop()
         await self.server.stop()
         await self.link.stop()
@@ -230,6 +239,14 @@ class Agent:
         # (a SIGKILL between the two lost it: tests/test_trust_agent.py, once in CI)
         LOG.info("job %s %s", job_id, what, extra={"crux_job": job_id})
         self._poke_soon()
+
+    def _pcie_tick(self) -> None:
+        """Once a second: PCIe links held past PCIE_MAX_HOLD_S go back (the agent's revoke;
+        waiters' own leases and dead/stopped checks act within milliseconds)."""
+        for link, pid in self.dataplane.revoke_stuck(PCIE_MAX_HOLD_S):
+            LOG.warning("PCIe link %d taken back from process %d: held %g s or more",
+                        link, pid, PCIE_MAX_HOLD_S)
+        self._pcie_timer = asyncio.get_running_loop().call_later(1.0, self._pcie_tick)
 
     def _poke_soon(self) -> None:
         """Report the change, once REPORT_SPACING report costs have passed (coalesced)."""

@@ -47,6 +47,7 @@ class DataPlane:
         self._busy_gone: dict[str, int] = {}
         self.last_busy: dict[str, int] = {}  # ports_busy's last answer (the metrics read it)
         self.sock_records: list[SockCounts] = []  # the socket counters as last read
+        self._locks: PcieLocks | None = None  # the semaphore file, open for revoke_stuck
 
     @property
     def skipped_files(self) -> int:
@@ -80,6 +81,26 @@ class DataPlane:
             LOG.warning("PCIe semaphores unavailable (jobs run without them): %s", exc)
             return
         self._write_link_map(links)
+
+    def revoke_stuck(self, max_hold_s: float) -> list[tuple[int, int]]:
+        """Take back every PCIe link held for `max_hold_s` or more ((link, pid) of each):
+        a job stopped or looping with a link would hold it from every other job's posts,
+        however its waiters' leases judge it (issue 37). Nothing without shared links."""
+        if not self.pcie_links:
+            return []
+        try:
+            if self._locks is None:
+                self._locks = PcieLocks.open(self.pcie_path)
+            return self._locks.revoke_stuck(max_hold_s)
+        except PcieLockError as exc:  # replaced or damaged: open it afresh next time
+            LOG.debug("PCIe semaphores %s: %s", self.pcie_path, exc)
+            self.close()
+            return []
+
+    def close(self) -> None:
+        if self._locks is not None:
+            self._locks.close()
+            self._locks = None
 
     def _write_link_map(self, links: list[PcieSwitch]) -> None:
         """Tell the jobs' shims which link each RDMA device's traffic crosses."""
