@@ -23,6 +23,11 @@ _.guess_payload_class  # tests/int_scapy.py (the INT-MD reference decoder): scap
 pytest_configure  # tests/conftest.py: pytest hook
 pytest_collection_modifyitems  # tests/conftest.py: pytest hook
 examples  # tests/conftest.py: pytest fixture, requested by parameter name
+_default_lease  # tests/test_pcie_attacks.py: an autouse fixture (the built-in lease for every test)
+_no_lease  # tests/test_pcie_locks.py: an autouse fixture (no lease: strict mutual exclusion)
+wake  # transport/pcie.py: Layout mirrors every offset of crux_pcie.h's link record, read or not
+checked_ns  # transport/pcie.py: as above
+waiter_size  # transport/pcie.py: as above (the queue slot's size)
 pytestmark  # tests/*: module-level pytest marks
 signum  # bench/control_plane.py: a signal handler's required parameter
 
