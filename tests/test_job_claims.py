@@ -4,12 +4,14 @@ none of its decisions.
 
 Pure: the claim, the digest, the split (fixed cases and hypothesis), the leader's merge. On
 real processes: a leader and three agents over gRPC on loopback, crux-run on each, the part
-on the third host registered with another job key.
+on the third host registered with another job key; and `nobody` (setpriv) naming root's job
+from another host.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -169,3 +171,67 @@ def spawn_cruxctl_jobs(socket_path: Path) -> str:
     r = cruxctl("jobs", "--json", socket_path=socket_path)
     assert r.returncode == 0, r.stderr
     return r.stdout
+
+
+@pytest.mark.root
+def test_another_users_part_is_left_out(tmp_path: Path) -> None:
+    """The attack as the issue ran it: on host h0 `nobody` runs crux-run naming a job root
+    runs on h1, with declared t_j = 1e6 s. h0's agent runs as cruxd.service starts it
+    (tests/rig/system_host.py) and sees nobody's uid from SO_PEERCRED."""
+    from cruxd.testing import BIN, Daemon, crux_run, free_port, status, toml, wait_for
+    from tests.rig.system_host import NOBODY, RUN, SystemHost, can_run_as
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (setpriv, a private mount namespace)")
+    if (why := can_run_as(NOBODY)) is not None:
+        pytest.skip(why)
+    listen = f"127.0.0.1:{free_port()}"
+    leader = Daemon(tmp_path, "lead", {"daemon": {"roles": ["leader"]},
+                                       "leader": {"listen": listen, "profiling_s": 0,
+                                                  "debounce_ms": 10}}).start()
+    leader.wait_log("leader listening on")
+    token = str(leader.root / "state" / "leader.token")
+    agent = {"leader": listen, "leader_token": token, "probing": "none", "gpus": 8}
+    h1 = Daemon(tmp_path, "h1", {"daemon": {"roles": ["agent"]},
+                                 "agent": {**agent, "addresses": ["10.88.1.1"]}}).start()
+    config = tmp_path / "h0.toml"
+    config.write_text(toml({"daemon": {"roles": ["agent"], "host_id": "h0"},
+                            "agent": {**agent, "addresses": ["10.88.1.2"]},
+                            "metrics": {"listen": ""}}))
+    jobs = []
+    try:
+        with SystemHost() as h:
+            h0 = h.cruxd(config, tmp_path / "h0.log", state_dir=tmp_path / "h0-state")
+            wait_for("h0's agent", lambda: h.path(RUN / "agent.sock").is_socket()
+                     or h0.poll() is not None)
+            jobs.append(crux_run(h1.socket, "victim", "--nnodes", "2", "--node-rank", "0",
+                                 "--flops-per-iter", "1e15", "--comm-s", "0.01"))
+            wait_for("the victim's decisions on h1",
+                     lambda: "victim" in _table_jobs(h1.table), timeout=30)
+            squat = h.as_user([str(BIN / "crux-run"), "--job-id", "victim", "--nnodes", "2",
+                               "--node-rank", "1", "--flops-per-iter", "1", "--comm-s", "1e6",
+                               "--wait-s", "0", "--", "sleep", "30"], in_group=True)
+            try:
+                def refused() -> list[dict[str, str]] | None:
+                    cluster = status(h1.socket).get("cluster") or {}
+                    return cluster.get("refused_claims") or None
+
+                got = wait_for("nobody's part left out", refused, timeout=30)
+                assert got == [{"job_id": "victim", "host_id": "h0",
+                                "reason": "claims uid:65534, the job is uid:0's "
+                                          "(registered first, on h1)"}]
+                cluster = status(h1.socket)["cluster"]
+                (victim,) = [j for j in cluster["jobs"] if j["job_id"] == "victim"]
+                assert victim["measurement"]["comm_s"] == pytest.approx(0.01)
+                assert "victim" not in _table_jobs(h.path(RUN / "decisions"))
+            finally:
+                squat.kill()
+                squat.wait()
+                h0.terminate()
+                h0.wait(20)
+    finally:
+        for j in jobs:
+            j.kill()
+            j.wait()
+        h1.stop()
+        leader.stop()
