@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from cruxd.agent.dataplane import DataPlane
+from cruxd.agent.dataplane import DataPlane, JobOwners
 from cruxd.cli.status_view import print_status
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from cruxd.testing import Daemon, crux_run, cruxctl, status, wait_for
@@ -578,29 +578,37 @@ def test_records_are_read_without_trusting_them(tmp_path: Path) -> None:
 def test_ports_busy_per_job_outlives_the_processes(tmp_path: Path) -> None:
     """The agent's per-job ports-busy count (reported to the leader) keeps what a process
     counted after it exits and its file is pruned, whether or not a scan saw it alive; a job
-    that is not registered is not counted, and a deregistered job's count is dropped."""
+    that is not registered is not counted, and a deregistered job's count is dropped. A file
+    counts for the job it names only when it is the job's (issue 37): a live writer in the
+    job's process tree, a gone writer's file owned by the job's user."""
     dp = DataPlane(tmp_path / "decisions", sysfs_root=str(tmp_path / "nosys"))
     dp.start()
     me = os.getpid()
+    mine = JobOwners(os.getuid(), (me,))  # the kids are mine: in the jobs' process trees
     kids = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
     try:
         sock_file(dp.qp_dir / f"sock-{me}", me, "a", {"applied": 1, "ports-busy": 2})
         sock_file(dp.qp_dir / f"sock-{kids[0].pid}", kids[0].pid, "a", {"ports-busy": 3})
         sock_file(dp.qp_dir / f"sock-{kids[1].pid}", kids[1].pid, "b", {"ports-busy": 4})
-        assert dp.ports_busy(["a"]) == {"a": 5}  # "b" is not registered here
+        sock_file(dp.qp_dir / "sock-1", 1, "a", {"ports-busy": 1000})  # init names job a
+        assert dp.ports_busy({"a": mine}) == {"a": 5}  # "b" is not registered here
         assert dp.last_busy == {"a": 5}
         # the child counts once more, then exits: the count stays with its job
         sock_file(dp.qp_dir / f"sock-{kids[0].pid}", kids[0].pid, "a", {"ports-busy": 4})
         gone = subprocess.Popen(["sleep", "60"])  # one never seen alive by a scan
         sock_file(dp.qp_dir / f"sock-{gone.pid}", gone.pid, "a", {"ports-busy": 10})
-        for p in (kids[0], gone):
+        other = subprocess.Popen(["sleep", "60"])  # another user's, gone: not a's
+        sock_file(dp.qp_dir / f"sock-{other.pid}", other.pid, "a", {"ports-busy": 100})
+        os.chown(dp.qp_dir / f"sock-{other.pid}", 65534, 65534)
+        for p in (kids[0], gone, other):
             p.kill()
             p.wait()
-        assert dp.ports_busy(["a", "b"]) == {"a": 16, "b": 4}
+        both = {"a": mine, "b": mine}
+        assert dp.ports_busy(both) == {"a": 16, "b": 4}
         assert not (dp.qp_dir / f"sock-{kids[0].pid}").exists()
-        assert dp.ports_busy(["a", "b"]) == {"a": 16, "b": 4}  # counted once
-        assert dp.ports_busy(["b"]) == {"b": 4}  # "a" left
-        assert dp.ports_busy(["a", "b"]) == {"a": 2, "b": 4}  # a new "a": its live file only
+        assert dp.ports_busy(both) == {"a": 16, "b": 4}  # counted once
+        assert dp.ports_busy({"b": mine}) == {"b": 4}  # "a" left
+        assert dp.ports_busy(both) == {"a": 2, "b": 4}  # a new "a": its live file only
     finally:
         for p in kids:
             p.kill()

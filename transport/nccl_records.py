@@ -91,6 +91,7 @@ class NcclRecord:
     chain: str  # CHAIN
     chained: str  # the chained plugin's name
     file: str = ""  # its name in the directory; "" where not read from one
+    owner_uid: int = -1  # the file's owner, as read (-1 where not read from a file)
 
 
 def checksum(buf: bytes) -> int:

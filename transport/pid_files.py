@@ -64,6 +64,9 @@ class _Record(Protocol):
     @property
     def file(self) -> str: ...
 
+    @property
+    def owner_uid(self) -> int: ...
+
 
 T = TypeVar("T", bound=_Record)
 
@@ -230,13 +233,13 @@ def scan(root: str | os.PathLike[str], prefix: str, limit: int,
         writer = _writer(own, match[2] is not None, f)
         if writer is None:
             if gone is not None:
-                gone.append(dataclasses.replace(rec, file=p.name))
+                gone.append(dataclasses.replace(rec, file=p.name, owner_uid=f.owner))
             if prune:
                 _remove(p, f.inode)
         elif isinstance(writer, str):
             problems.append(f"{p}: {writer}")
         else:
-            out.append(dataclasses.replace(rec, pid=writer, file=p.name))
+            out.append(dataclasses.replace(rec, pid=writer, file=p.name, owner_uid=f.owner))
     return out, problems
 
 

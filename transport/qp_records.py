@@ -86,6 +86,7 @@ class ProcessRecords:
     qps: tuple[QpRecord, ...]
     retired: Traffic = Traffic()  # the process's destroyed QPs' counters
     file: str = ""  # its name in the directory; "" where not read from one
+    owner_uid: int = -1  # the file's owner, as read (-1 where not read from a file)
 
 
 class RecordsError(ValueError):

@@ -63,6 +63,7 @@ class SockCounts:
     listen_ports: tuple[int, ...] = ()  # distinct TCP ports it listens on, in listen order
     version: int = VERSION
     file: str = ""  # its name in the directory; "" where not read from one
+    owner_uid: int = -1  # the file's owner, as read (-1 where not read from a file)
 
 
 def parse(buf: bytes) -> SockCounts:

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cruxd import __version__
-from cruxd.agent.dataplane import DataPlane
+from cruxd.agent.dataplane import DataPlane, JobOwners
 from cruxd.agent.first_decisions import FirstDecisions
 from cruxd.agent.inventory import discover_nics, gpu_count
 from cruxd.agent.job_ports import learned_ports, merge_ports
@@ -145,7 +145,9 @@ class Agent:
     def local_jobs(self) -> list[LocalJob]:
         jobs = self.registry.jobs()
         self.measurement.forget({j.job_id for j in jobs})
-        busy = self.dataplane.ports_busy([j.job_id for j in jobs])  # reads the records
+        busy = self.dataplane.ports_busy({  # reads the records
+            j.job_id: JobOwners(self.registry.owner_uid(j.job_id) or 0,
+                                self.registry.owners(j.job_id)) for j in jobs})
         learned = learned_ports(self.dataplane.sock_records, self.registry.owner_uid)
         return [replace(job, measurement=self.measurement.measure(
             job, self.registry.hints(job.job_id)),

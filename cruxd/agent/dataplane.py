@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from itertools import islice
 from pathlib import Path
+from typing import NamedTuple
 
 from cruxd.agent.nic_tc import tc_overrides, winning_class
+from cruxd.agent.process_tree import belongs
 from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
 from transport.decision_table import TableError, TableReader
 from transport.pcie import PcieLockError, PcieLocks, PcieSwitch, shared_links
@@ -27,6 +29,13 @@ from transport.sock_records import U64_MAX, SockCounts, by_job, sat_sum
 from transport.sock_records import read_dir as read_sock_dir
 
 LOG = logging.getLogger("cruxd.agent")
+
+
+class JobOwners(NamedTuple):
+    """Who a registered job is on this host: the records that name it must be theirs."""
+
+    uid: int
+    pids: Collection[int]
 
 
 class DataPlane:
@@ -42,7 +51,7 @@ class DataPlane:
         # ports-busy connects of the registered jobs (`_jobs`): the live processes' counters
         # as last read, by (job, file, file creation), and per job the sum of those of its
         # processes that exited since it registered (their files go, the count stays)
-        self._jobs: frozenset[str] = frozenset()
+        self._jobs: Mapping[str, JobOwners] = {}
         self._busy_live: dict[tuple[str, str, int], int] = {}
         self._busy_gone: dict[str, int] = {}
         self.last_busy: dict[str, int] = {}  # ports_busy's last answer (the metrics read it)
@@ -160,11 +169,15 @@ class DataPlane:
         gone: list[SockCounts] = []
         records, problems = read_sock_dir(self.qp_dir, prune=True, gone=gone)
         self.skips.note("socket counters", problems)
-        # by file, not pid: a gone file's pid is the job's own view, a live one's the host's
+        # by file, not pid: a gone file's pid is the job's own view, a live one's the host's.
+        # A file counts for the job it names only when it is the job's (issue 37: any process
+        # can name any job): a live writer must be one of its processes, a gone one's file its
+        # user's (the process cannot be asked any more)
+        jobs = self._jobs
         live = {(r.job_id, r.file, r.created_ns): r.counters["ports-busy"] for r in records
-                if r.job_id in self._jobs}
+                if r.job_id in jobs and belongs(r.pid, set(jobs[r.job_id].pids))}
         ended = {(r.job_id, r.file, r.created_ns): r.counters["ports-busy"] for r in gone
-                 if r.job_id in self._jobs}
+                 if r.job_id in jobs and r.owner_uid in (0, jobs[r.job_id].uid)}
         for key in self._busy_live.keys() - live.keys():  # exited: its file's last word
             if key[0] in self._jobs:
                 ended[key] = max(ended.get(key, 0), self._busy_live[key])
@@ -175,11 +188,12 @@ class DataPlane:
         self.sock_records = records
         return records
 
-    def ports_busy(self, jobs: Collection[str]) -> dict[str, int]:
-        """Per registered job (`jobs`), its TCP connects that fell back to a kernel port
-        because every decided port of the route was in use, since it registered here (the
-        interposer's ports-busy outcome, summed over its processes, exited ones included)."""
-        self._jobs = frozenset(jobs)
+    def ports_busy(self, jobs: Mapping[str, JobOwners]) -> dict[str, int]:
+        """Per registered job (`jobs`: its user and registered processes), its TCP connects
+        that fell back to a kernel port because every decided port of the route was in use,
+        since it registered here (the interposer's ports-busy outcome, summed over its
+        processes, exited ones included)."""
+        self._jobs = dict(jobs)
         self._busy_gone = {j: n for j, n in self._busy_gone.items() if j in self._jobs}
         self._sock_records()
         out = dict(self._busy_gone)
