@@ -23,6 +23,7 @@ import re
 import signal
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -224,3 +225,51 @@ def test_jobs_fail_open(stream: Path, host: Path, case: str) -> None:
         assert job.done is not None and job.rate(t0, job.done) > 0
     assert f"pcie gate rxe0: {why}" in log, log
     assert _stats(log)[why] == 2 and _stats(log)["acquires"] == 0, log  # rxe0 and rxe1
+
+
+# --- issue 37, item 2: a member of the semaphore file attacks a real job's posts ------------
+
+ATTACKER = ("import os, signal, sys\n"
+            "from transport.pcie import PcieLocks\n"
+            "PcieLocks.open(sys.argv[1])._test_lock_internal(0)\n"
+            "print('locked', flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGSTOP)\n")
+
+
+def test_a_member_stopped_inside_the_link_lock_does_not_stop_a_job(stream: Path,
+                                                                   host: Path) -> None:
+    """It takes link 0's internal mutex and stops itself: the job's posts used to wait on that
+    mutex for ever; now each one waits 2 ms at most, then the link goes ungated for 100 ms."""
+    attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, str(host / "pcie")],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert attacker.stdout is not None and attacker.stdout.readline().strip() == "locked"
+        end = time.monotonic() + 10
+        while Path(f"/proc/{attacker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] \
+                not in ("T", "t"):
+            assert time.monotonic() < end, "the attacker did not stop"
+            time.sleep(0.01)
+        hi = Job(stream, host, "hi", 2)
+        t0 = _ready(hi)
+        log = hi.wait(timeout=60)
+        assert hi.done is not None and hi.rate(t0, hi.done) > 0, log
+        assert _stats(log)["ungated-error"] >= 1, log  # EBUSY: posted ungated, counted
+    finally:
+        attacker.kill()
+        attacker.wait()
+
+
+def test_a_low_holder_that_never_releases_loses_the_link_to_a_higher_job(stream: Path,
+                                                                        host: Path) -> None:
+    """A level-0 member takes link 0 and keeps it: a level-5 job's posts used to wait the
+    gate's whole 10 s each; now the hold ends after the 20 ms lease and the job takes it."""
+    with PcieLocks.open(host / "pcie") as sem:
+        sem.acquire(0, 0)
+        hi = Job(stream, host, "hi", 2)
+        t0 = _ready(hi)
+        log = hi.wait(timeout=60)
+        assert hi.done is not None and hi.rate(t0, hi.done) > 0, log
+        stats = _stats(log)
+        assert stats["acquires"] >= 1 and stats["ungated-timeout"] == 0, log
+        assert sem.stats(0).expired >= 1  # the lease ended the level-0 hold
+
