@@ -129,9 +129,19 @@ class Leader(LeaderRpcs, LeaderPersistence):
             # arrived just before the kill), and agents that re-report them unchanged bring no
             # new cause: plan once on the restored view, as soon as the planner runs
             self._causes.append("restart: the saved plan is older than the view")
+        elif self.plan is not None and self._jobs_unplanned():
+            # saved after a report but before the plan it caused (a kill within the
+            # debounce): agents re-report those jobs unchanged, which brings no new cause
+            self._causes.append("restart: the view holds jobs the saved plan lacks")
         if self.plan is not None:
             LOG.info("resumed plan generation %d (%d jobs, %d agents) from %s",
                      self.plan.generation, len(self.plan.jobs), len(self.state.agents), source)
+
+    def _jobs_unplanned(self) -> bool:
+        """Whether the restored view and plan disagree on which jobs there are."""
+        assert self.plan is not None
+        viewed = {j for rec in self.state.agents.values() if not rec.expired for j in rec.jobs}
+        return viewed != {a.job_id for a in self.plan.jobs}
 
     def activate(self, term: int, high_water: int, doc: object, source: str) -> None:
         """HA: this candidate won the election; resume the plan state it found."""
