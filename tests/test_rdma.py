@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -336,3 +337,54 @@ def test_doctor_on_the_soft_roce_ports(rig: None) -> None:
         while states() != {"ACTIVE"} and time.monotonic() < deadline:
             time.sleep(0.1)
     assert states() == {"ACTIVE"}
+
+
+def test_a_record_name_planted_by_another_user_costs_the_job_nothing(
+        progs: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 37, item 3, on real verbs: `nobody` creates the job's record name (a file of its
+    own, 0666) in the shared records directory before the job's first QP. The wrapper leaves
+    it alone and records under the next name (`<pid>.1`), and the job runs as it would."""
+    from tests.nobody import as_nobody
+
+    table = tmp_path / "decisions"
+    write_table(table, Decision("planted", None, 1, 34, 136, 0xE000, 1))  # job-wide
+    qps = Path(tempfile.mkdtemp(prefix="crux-qps-"))  # like /run/crux/qps: sticky, open to all
+    os.chmod(qps, 0o1777)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CRUX_")}
+    env = {**base, "NCCL_IBVERBS_LIB": str(progs["lib"]), "CRUX_JOB_ID": "planted",
+           "CRUX_DECISION_TABLE": str(table), "CRUX_QP_DIR": str(qps)}
+    # stopped before it runs, so the name to plant (its pid) is known first
+    job = subprocess.Popen(["sh", "-c", 'kill -STOP $$; exec "$0" "$@"', str(progs["nccl"]),
+                            "--tc", str(OWN_TC), "--pairs", "2"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 10
+        while Path(f"/proc/{job.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < end, "the job did not stop"
+            time.sleep(0.01)
+        planted = qps / str(job.pid)
+
+        def plant() -> str:
+            fd = os.open(planted, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+            os.fchmod(fd, 0o666)
+            os.write(fd, b"planted by nobody")
+            os.close(fd)
+            return "ok"
+
+        assert as_nobody(plant) == "ok"
+        job.send_signal(signal.SIGCONT)
+        _, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    try:
+        assert job.returncode == 0, err  # the job never dies because of crux
+        assert planted.read_bytes() == b"planted by nobody" and planted.stat().st_uid == 65534
+        mine = qps / f"{job.pid}.1"
+        assert mine.stat().st_uid == os.getuid(), sorted(p.name for p in qps.iterdir())
+        rec = parse(mine.read_bytes())
+        assert rec.job_id == "planted" and rec.counters["applied"] >= 1, rec.counters
+    finally:
+        shutil.rmtree(qps, ignore_errors=True)
+
