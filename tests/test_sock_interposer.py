@@ -584,7 +584,7 @@ def test_ports_busy_per_job_outlives_the_processes(tmp_path: Path) -> None:
     dp = DataPlane(tmp_path / "decisions", sysfs_root=str(tmp_path / "nosys"))
     dp.start()
     me = os.getpid()
-    mine = JobOwners(os.getuid(), (me,))  # the kids are mine: in the jobs' process trees
+    mine = JobOwners(os.getuid(), frozenset({me}))  # the kids are mine: in the jobs' process trees
     kids = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
     try:
         sock_file(dp.qp_dir / f"sock-{me}", me, "a", {"applied": 1, "ports-busy": 2})

@@ -171,19 +171,19 @@ def _writer(own: int, suffixed: bool, f: Opened) -> int | str | None:
     if f.holder is None:  # gone, unless an older writer's file: its name's pid, here, as before
         if f.mode == LOCKING_MODE or suffixed or not pid_alive(own):
             return None
-        if f.owner != 0 and f.owner not in (process_uids(own) or ()):
-            return f"owned by uid {f.owner}, not by process {own}'s user"
-        return own
-    if f.holder == 0:
+        writer, uids = own, process_uids(own) or set()
+    elif f.holder == 0:
         return "locked by a process outside this pid namespace"
-    ids = process_ids(f.holder)
-    if ids is None:  # exited since the probe (its lock is gone: the next scan prunes the file)
-        return f"its writer {f.holder} is not in /proc"
-    if ids.nspids and ids.nspids[-1] != own:
-        return f"locked by process {f.holder}, whose own pid is {ids.nspids[-1]}"
-    if f.owner != 0 and f.owner not in ids.uids:
-        return f"owned by uid {f.owner}, not by process {f.holder}'s user"
-    return f.holder
+    else:
+        ids = process_ids(f.holder)
+        if ids is None:  # exited since the probe (its lock is gone: the next scan prunes it)
+            return f"its writer {f.holder} is not in /proc"
+        if ids.nspids and ids.nspids[-1] != own:
+            return f"locked by process {f.holder}, whose own pid is {ids.nspids[-1]}"
+        writer, uids = f.holder, ids.uids
+    if f.owner != 0 and f.owner not in uids:
+        return f"owned by uid {f.owner}, not by process {writer}'s user"
+    return writer
 
 
 def _remove(p: Path, inode: tuple[int, int]) -> None:

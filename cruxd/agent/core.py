@@ -147,7 +147,7 @@ class Agent:
         self.measurement.forget({j.job_id for j in jobs})
         busy = self.dataplane.ports_busy({  # reads the records
             j.job_id: JobOwners(self.registry.owner_uid(j.job_id) or 0,
-                                self.registry.owners(j.job_id)) for j in jobs})
+                                frozenset(self.registry.owners(j.job_id))) for j in jobs})
         learned = learned_ports(self.dataplane.sock_records, self.registry.owner_uid)
         return [replace(job, measurement=self.measurement.measure(
             job, self.registry.hints(job.job_id)),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import NamedTuple
@@ -35,7 +35,7 @@ class JobOwners(NamedTuple):
     """Who a registered job is on this host: the records that name it must be theirs."""
 
     uid: int
-    pids: Collection[int]
+    pids: frozenset[int]
 
 
 class DataPlane:
@@ -175,7 +175,7 @@ class DataPlane:
         # user's (the process cannot be asked any more)
         jobs = self._jobs
         live = {(r.job_id, r.file, r.created_ns): r.counters["ports-busy"] for r in records
-                if r.job_id in jobs and belongs(r.pid, set(jobs[r.job_id].pids))}
+                if r.job_id in jobs and belongs(r.pid, jobs[r.job_id].pids)}
         ended = {(r.job_id, r.file, r.created_ns): r.counters["ports-busy"] for r in gone
                  if r.job_id in jobs and r.owner_uid in (0, jobs[r.job_id].uid)}
         for key in self._busy_live.keys() - live.keys():  # exited: its file's last word

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 
 def parent_pid(pid: int, proc: str = "/proc") -> int | None:
     try:
@@ -11,7 +13,7 @@ def parent_pid(pid: int, proc: str = "/proc") -> int | None:
         return None
 
 
-def belongs(pid: int, owners: set[int], proc: str = "/proc", depth: int = 32) -> bool:
+def belongs(pid: int, owners: AbstractSet[int], proc: str = "/proc", depth: int = 32) -> bool:
     """Whether `pid` is one of `owners` or descends from one (torchrun's workers do)."""
     for _ in range(depth):
         if pid in owners:

@@ -36,6 +36,7 @@ from cruxd.daemon.listen_check import bind_problem
 from cruxd.daemon.logs import setup_logging
 from cruxd.daemon.notify import Notifier, watchdog_loop
 from cruxd.errors import UsageError
+from cruxd.scheduler.dscp import level_dscp
 from cruxd.waits import within
 
 if TYPE_CHECKING:  # imported when a role starts: an agent-only host never loads the leader
@@ -325,7 +326,7 @@ async def serve(config: Config, path: Path | None, notifier: Notifier) -> int:
 def _lossless_note(lc: LeaderConfig) -> None:
     """What the levels mean for RoCE: said once at start and on each reload, since a
     level off the fabric's lossless priorities turns its jobs' RoCE lossy."""
-    where = ", ".join(f"DSCP {d} (priority {d >> 3})" for d in lc.dscp or ())
+    where = ", ".join(f"DSCP {d} (priority {d >> 3})" for d in level_dscp(lc.levels, lc.dscp))
     if lc.lossless_priorities is None:
         LOG.warning("%d level(s) on %s, with no [leader] lossless_priorities: whether they "
                     "are lossless is not checked; declare the priorities the fabric runs PFC "
