@@ -27,7 +27,7 @@ from cruxd.control.records import HostPlan, JobAssignment, JobState
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
-from cruxd.testing import Daemon, free_port, wait_for
+from cruxd.testing import Daemon, cruxctl, free_port, status, wait_for
 from cruxd.testing.etcd_rig import EtcdCluster, etcd_missing
 from transport.decision_table import TableReader
 
@@ -98,6 +98,12 @@ def test_a_term_etcd_did_not_record_is_refused(tmp_path: Path) -> None:
         agent.start()
         agent.wait_log(f"plans of term {HUGE} refused: etcd records term {term}", timeout=30)
         assert table_jobs(agent.table) == (0, set())  # nothing of it applied
+        # an operator sees it: the agent's status says so, and counts it
+        local = status(agent.socket)["agent"]
+        assert int(local["terms_refused"]) >= 1
+        text = " ".join(cruxctl("status", "--local", socket_path=agent.socket).stdout.split())
+        assert "plan stream(s) refused: their leader's term is not the one etcd records" \
+            in text, text
         # the same leader with the term etcd records: taken (etcd is what vouches; a
         # leader that etcd names is the leader, which is why etcd needs TLS and auth)
         hostile.plans = [plan(term, 8)]

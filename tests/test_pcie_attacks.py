@@ -364,6 +364,18 @@ def test_e_the_agents_dataplane_takes_back_a_stuck_hold(tmp_path: Path,
         assert dp.revoke_stuck(0.01) == [(0, holder.pid)]
         with PcieLocks.open(dp.pcie_path) as lk:
             assert lk.stats(0).holder_pid == 0
+        # and an operator sees it: the agent's status counts it, and says it
+        took = dp.pcie_takeovers()
+        assert took["revoked"] == 1 and took["expired"] == took["foreign"] == 0
+        from rich.console import Console
+
+        from cruxd.cli.status_view import print_status
+        from cruxd.rpc.gen.crux.v1 import agent_pb2 as apb
+
+        console = Console(record=True, width=200)
+        print_status(console, apb.LocalAgentStatus(
+            host_id="h0", pcie_links=2, pcie_takeovers=apb.PcieTakeovers(**took)), None, 0.0)
+        assert "PCIe holds taken back: 1 revoked by the agent" in console.export_text()
     finally:
         dp.close()
 

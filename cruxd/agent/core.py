@@ -385,4 +385,4 @@ class Agent:
             self.table.header().plan_generation, self.measurement.name, self.probing.name,
             tuple(self.local_jobs()), self.probing.paths(), self.dataplane.pcie_links,
             -1.0 if seen is None else time.monotonic() - seen, self.link.reachable,
-            self.link.last_error, self.first.late)
+            self.link.last_error, self.first.late, self.link.terms_refused)

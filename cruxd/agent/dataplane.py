@@ -29,6 +29,8 @@ from transport.sock_records import U64_MAX, SockCounts, by_job, sat_sum
 from transport.sock_records import read_dir as read_sock_dir
 
 LOG = logging.getLogger("cruxd.agent")
+# LinkStats counts of holds and queue slots the semaphores took away (issue 37's attacks)
+PCIE_TAKEOVERS = ("expired", "stopped", "foreign", "stale", "revoked", "repairs", "recovered")
 
 
 class JobOwners(NamedTuple):
@@ -91,16 +93,40 @@ class DataPlane:
             return
         self._write_link_map(links)
 
+    def pcie_takeovers(self) -> dict[str, int]:
+        """What the semaphores took from whom, summed over the links (PCIE_TAKEOVERS of
+        LinkStats); {} without shared links or a readable file."""
+        locks = self._pcie()
+        if locks is None:
+            return {}
+        try:
+            stats = [locks.stats(link) for link in range(locks.links)]
+        except PcieLockError:
+            self.close()
+            return {}
+        return {k: sum(getattr(s, k) for s in stats) for k in PCIE_TAKEOVERS}
+
+    def _pcie(self) -> PcieLocks | None:
+        """The semaphore file, opened once (None without shared links, or unreadable)."""
+        if not self.pcie_links:
+            return None
+        if self._locks is None:
+            try:
+                self._locks = PcieLocks.open(self.pcie_path)
+            except PcieLockError as exc:
+                LOG.debug("PCIe semaphores %s: %s", self.pcie_path, exc)
+                return None
+        return self._locks
+
     def revoke_stuck(self, max_hold_s: float) -> list[tuple[int, int]]:
         """Take back every PCIe link held for `max_hold_s` or more ((link, pid) of each):
         a job stopped or looping with a link would hold it from every other job's posts,
         however its waiters' leases judge it (issue 37). Nothing without shared links."""
-        if not self.pcie_links:
+        locks = self._pcie()
+        if locks is None:
             return []
         try:
-            if self._locks is None:
-                self._locks = PcieLocks.open(self.pcie_path)
-            return self._locks.revoke_stuck(max_hold_s)
+            return locks.revoke_stuck(max_hold_s)
         except PcieLockError as exc:  # replaced or damaged: open it afresh next time
             LOG.debug("PCIe semaphores %s: %s", self.pcie_path, exc)
             self.close()

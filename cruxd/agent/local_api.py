@@ -53,6 +53,7 @@ class AgentStatus:
     leader_reachable: bool  # as of the last call to the leader
     leader_error: str
     late_first_decisions: int = 0  # jobs that started before their first decision arrived
+    terms_refused: int = 0  # plan streams whose term etcd did not record (HA)
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,7 @@ class LocalRpc:
         out.agent.sock_connects.extend(dataplane.sock_status())
         out.agent.nccl_profilers.extend(dataplane.nccl_status())
         out.agent.nic_tc_overrides.extend(overrides)
+        out.agent.pcie_takeovers.CopyFrom(apb.PcieTakeovers(**dataplane.pcie_takeovers()))
         if local_only:
             return
         cluster, err = await self.agent.link.cluster_status()
@@ -108,6 +109,7 @@ def _agent_status(a: apb.LocalAgentStatus, s: AgentStatus) -> None:
     a.last_plan_age_s = s.last_plan_age_s
     a.leader_reachable, a.leader_error = s.leader_reachable, s.leader_error
     a.late_first_decisions = s.late_first_decisions
+    a.terms_refused = s.terms_refused
 
 
 def _shown(job: LocalJob) -> cpb.LocalJob:

@@ -49,6 +49,10 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
             for j in agent.jobs:
                 if j.tcp_ports_busy:
                     console.print(_ports_busy(j.job_id, j.tcp_ports_busy))
+        if agent.terms_refused:
+            console.print(f"  [yellow]{agent.terms_refused} plan stream(s) refused: their "
+                          "leader's term is not the one etcd records[/] (the table kept its "
+                          "plan; docs/security.md)")
         if agent.late_first_decisions:
             console.print(f"  [yellow]{agent.late_first_decisions} job(s) got their first "
                           "decision after crux-run's start wait[/] (agent.start_wait_s): they "
@@ -59,6 +63,15 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
                           "not reach the wire there")
         if agent.pcie_links:
             console.print(f"  PCIe semaphores: {agent.pcie_links} shared link(s)")
+            took = [f"{n} {what}" for what, n in (
+                ("past the lease", agent.pcie_takeovers.expired),
+                ("from stopped processes", agent.pcie_takeovers.stopped),
+                ("from foreign pids", agent.pcie_takeovers.foreign),
+                ("stale queue slots", agent.pcie_takeovers.stale),
+                ("revoked by the agent", agent.pcie_takeovers.revoked)) if n]
+            if took:
+                console.print(f"  [yellow]PCIe holds taken back: {', '.join(took)}[/] (a job "
+                              "held a link too long, stopped, or wrote the semaphore file)")
     if cluster is None:
         if agent is not None and not agent.leader_reachable:
             console.print("[yellow]no cluster view: the leader did not answer; the agent keeps "
