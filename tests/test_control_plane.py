@@ -45,6 +45,14 @@ def planned_in(d: Daemon) -> set[str]:
     return {job for (job, peer), x in table(d)[1].items() if peer is None and not x.provisional}
 
 
+def saved_generation(leader: Daemon) -> int | None:
+    try:
+        doc = json.loads((leader.root / "state" / "leader-state.json").read_text())
+    except (OSError, ValueError):  # not written yet, or being replaced
+        return None
+    return (doc.get("plan") or {}).get("generation")
+
+
 @pytest.fixture
 def rig(tmp_path: Path):
     topo = tmp_path / "fabric.json"
@@ -118,6 +126,10 @@ def test_plan_reaches_tables_survives_leader_restart_and_drops_ended_jobs(rig) -
 
     # kill the leader hard: agents keep their tables
     before = {h: table(a) for h, a in agents.items()}
+    # once the newest plan is on disk: the save trails a plan by 0.1 s or more, and a kill
+    # before it resumes the older plan under a new number (CI: 7, not 4, after a restart)
+    wait_for("the newest plan saved", lambda: saved_generation(leader) == max(
+        g for g, _ in before.values()))
     leader.stop(signal.SIGKILL)
     agents["h0"].wait_log("UNAVAILABLE")
     assert {h: table(a) for h, a in agents.items()} == before
