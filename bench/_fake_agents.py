@@ -4,8 +4,10 @@ bench/_workload.py).
 A simulated agent is what a real `cruxd` agent looks like to the leader: one WatchPlan
 stream (opened with the generation it holds; its liveness), a Report at start, one when a
 job of its host arrives, one (jittered by the real agent's REPORT_JITTER_S) when its plan
-stream comes back after a failure, and otherwise one every `interval_s` (the real agent's
-refresh_s; the first one jittered): agents report only on change
+stream comes back after a failure on a leader whose view lacks its latest report (the
+stream's metadata says; a failed stream follows a standby's redirect itself), and
+otherwise one every `interval_s` (the real agent's refresh_s; the first one jittered):
+agents report only on change
 (cruxd/agent/report_change.py). With `poke_on_plan`, also one right after every full plan,
 as agents did before the leader took the generation a host holds from its stream. By default
 each agent has its own gRPC channel and TCP connection (a local subchannel pool), as
@@ -73,6 +75,12 @@ class FakeAgent:
     at: int = 0  # which of the worker's leader addresses it talks to
     last_error: Any = None  # the latest failed Report's exception
     acks: list[tuple[float, int]] = field(default_factory=list)  # recent (ack time, at)
+    # the real agent's report identity: a new stream names the latest report acked, and a
+    # leader whose view holds it says so (no report owed on that stream)
+    incarnation: int = field(default_factory=lambda: random.getrandbits(64) or 1)
+    acked_seq: int = 0
+    # recent plan streams opened after one ended: (first message's time, at, view current)
+    streams: list[tuple[float, int, bool]] = field(default_factory=list)
 
     def fail(self, what: str) -> None:
         self.errors += 1
@@ -85,7 +93,7 @@ class FakeAgent:
         self.seq += 1
         return lpb.AgentReport(schema=cpb.SCHEMA_REVISION_CURRENT, host=self.inventory,
                                jobs=self.jobs, applied_generation=self.generation,
-                               seq=self.seq)
+                               seq=self.seq, incarnation=self.incarnation)
 
     async def report(self) -> bool:
         import grpc
@@ -93,14 +101,15 @@ class FakeAgent:
         from cruxd.agent.uplink import REPORT_TIMEOUT_S
 
         start = time.monotonic()
+        pb = self.report_pb()
         try:
-            await self.stub.Report(self.report_pb(), timeout=REPORT_TIMEOUT_S,
-                                   metadata=self.metadata)
+            await self.stub.Report(pb, timeout=REPORT_TIMEOUT_S, metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             self.fail(f"Report {exc.code().name}")
             self.last_error = exc
             return False
         self.reports += 1
+        self.acked_seq = pb.seq
         self.acks = [*self.acks[-7:], (time.monotonic(), self.at)]
         self.acked_since = max(self.acked_since, start)
         self.acked.set()
@@ -190,19 +199,25 @@ class Worker:
         import grpc
 
         from cruxd.agent.uplink import REPORT_JITTER_S, Backoff
+        from cruxd.leader.auth import VIEW_CURRENT, VIEW_METADATA
         from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 
-        backoff = Backoff(30.0)
+        # the real agent's schedule; with several candidates (HA), at most 1 s apart
+        backoff = Backoff(30.0 if len(self.addresses) < 2 else 1.0)
         while True:
-            call = a.stub.WatchPlan(lpb.WatchRequest(host_id=host_id(a.index),
-                                                     have_generation=a.generation),
-                                    metadata=a.metadata)
+            call = a.stub.WatchPlan(lpb.WatchRequest(
+                host_id=host_id(a.index), have_generation=a.generation,
+                incarnation=a.incarnation, report_seq=a.acked_seq), metadata=a.metadata)
             opened = False
             try:
                 async for msg in call:
                     if not opened and a.stream_ended:  # a new or restarted leader
-                        asyncio.get_running_loop().call_later(
-                            random.uniform(0, REPORT_JITTER_S), a.poke.set)
+                        md = dict(await call.initial_metadata() or ())
+                        current = md.get(VIEW_METADATA) == VIEW_CURRENT
+                        a.streams = [*a.streams[-7:], (time.monotonic(), a.at, current)]
+                        if not current:  # its view lacks this host's latest report
+                            asyncio.get_running_loop().call_later(
+                                random.uniform(0, REPORT_JITTER_S), a.poke.set)
                     opened = True
                     backoff.reset()
                     on_plan(a, msg, time.monotonic())
@@ -211,9 +226,11 @@ class Worker:
                         a.poke.set()
             except grpc.aio.AioRpcError as exc:
                 a.fail(f"WatchPlan {exc.code().name}")
-                if len(self.addresses) > 1:  # a report finds where the leader went
-                    asyncio.get_running_loop().call_later(
-                        random.uniform(0, REPORT_JITTER_S), a.poke.set)
+                # the stream finds where the leader went, as the real agent's does
+                if self._follow(a, exc):
+                    a.stream_ended = True
+                    backoff.reset()
+                    continue
             a.stream_ended = True
             await asyncio.sleep(backoff.next())
 
@@ -295,15 +312,23 @@ class Worker:
 
     async def wait_followed(self, since: float, gone: str, timeout: float
                             ) -> list[float] | None:
-        """Per agent: when a leader other than `gone` first acked its Report after `since`
-        (monotonic). A standby acks none, so that is the new leader; the report is the one
-        an agent owes on a new plan stream. A new leader resumes its predecessor's plan
-        and generation, so no plan need come on that stream."""
+        """Per agent: when it first followed a leader other than `gone` after `since`
+        (monotonic): a plan stream open on it (a standby refuses streams), and, where that
+        leader's view lacked the host's latest report, that report acked by it. A new
+        leader resumes its predecessor's plan and generation, so the plan that comes on
+        the stream is a watermark."""
         end = time.monotonic() + timeout
         skip = self.addresses.index(gone) if gone in self.addresses else -1
 
         def first(a: FakeAgent) -> float | None:
-            return next((t for t, at in a.acks if t > since and at != skip), None)
+            opened = next(((t, at, cur) for t, at, cur in a.streams
+                           if t > since and at != skip), None)
+            if opened is None:
+                return None
+            if opened[2]:
+                return opened[0]
+            acked = next((t for t, at in a.acks if t > since and at == opened[1]), None)
+            return None if acked is None else max(acked, opened[0])
 
         while True:
             got = [first(a) for a in self.agents]

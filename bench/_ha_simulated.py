@@ -3,11 +3,13 @@ the real shape (clos3 topology, the trace's job mix; bench/_cluster_shapes.py), 
 the HA rig's real etcd and three real leader candidates (cruxd.testing.ha_rig).
 
 Each round: wait for the steady state (every job planned, every agent on the plan); SIGKILL
-the active leader at t0; then each simulated agent notes when another leader first acks
-its Report (a standby acks none). The agents follow a standby's refusal to the leader it
-names, else try the next candidate, as the real agent's uplink does, and report on every
-new plan stream (jittered over 1 s), so the acked Report means: the new leader has the
-host back in its view, and the host's plan stream is open on it.
+the active leader at t0; then each simulated agent notes when it follows another leader: a
+plan stream open on it (a standby refuses streams, naming the active leader), and, where
+that leader's view lacks the host's latest acked report (the stream's metadata says so),
+that report acked by it. The agents follow a standby's refusal to the leader it names,
+else try the next candidate, at most 1 s apart, as the real agent's uplink does. So
+"following" means: the new leader has the host's current state in its view, and the host's
+plan stream is open on it.
 """
 
 from __future__ import annotations

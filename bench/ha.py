@@ -145,7 +145,8 @@ def simulated(args: argparse.Namespace) -> int:
          f"{r['all_s']:.2f} s", "10 s: " + ("met" if r["all_s"] <= 10 else "NOT met"),
          f"{r['steady_s']:.1f} s", f"{r['generation_before']} -> {r['generation_after']}",
          r["errors"]] for i, r in enumerate(rows)]))
-    print(f"# SIGKILL of the active leader -> a Report of the agent acked by the new leader; "
+    print("# SIGKILL of the active leader -> the agent following the new leader (its plan "
+          "stream open there, and its report acked where the new view lacked it); "
           f"{out['agents']} simulated agents ({out['per_channel']} per channel), "
           f"{out['jobs']} jobs, real shape; etcd_lease_s {args.lease_s:g}; 3 etcd members, "
           f"3 candidates on loopback; the leader's RSS before the kill "

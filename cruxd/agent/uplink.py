@@ -2,11 +2,13 @@
 
 The report loop looks at the agent's state every `interval_s` (or when poked) and sends a
 Report only when `why` says something the leader plans on changed (agent/report_change.py),
-when a send is owed (a new plan stream: a new or restarted leader must hear the host; a
-failed stream: a report is how the agent finds where the leader went), or after a failed
-one. The open plan stream is the host's liveness. Both loops
-reconnect with jittered exponential backoff; while the leader is away the decision table
-keeps the last plan (jobs keep running as planned).
+when a send is owed (a new plan stream to a leader whose view lacks the host's latest
+report: a restarted leader, or one newly elected, says in the stream's metadata whether it
+holds it), or after a failed one. The open plan stream is the host's liveness. A failed
+plan stream finds where the leader went (a standby's redirect, etcd, the next configured
+address) without a report, so a failover costs the new leader no report per host whose
+report its view holds. Both loops reconnect with jittered exponential backoff; while the
+leader is away the decision table keeps the last plan (jobs keep running as planned).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,7 +27,7 @@ import grpc
 
 from cruxd.config.model import TlsConfig
 from cruxd.control.records import AgentReport, HostPlan
-from cruxd.leader.auth import LEADER_TRAILER, call_metadata
+from cruxd.leader.auth import LEADER_TRAILER, VIEW_CURRENT, VIEW_METADATA, call_metadata
 from cruxd.rpc import convert, tls
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
@@ -99,6 +102,10 @@ class LeaderLink:
         self._channel: grpc.aio.Channel | None = None
         self._closing: asyncio.Task[None] | None = None
         self._seq = 0
+        # names this process's reports: a leader restored from a view that holds the
+        # latest one acked (incarnation, _acked) needs no report on the new stream
+        self._incarnation = secrets.randbits(64) or 1
+        self._acked = 0
         self.reachable = False
         self.last_error = "not connected yet"
         self.last_plan_mono: float | None = None
@@ -238,7 +245,7 @@ class LeaderLink:
             self._owed = True  # until the leader has taken it
             self._seq += 1
             report = AgentReport(report.host, report.jobs, report.paths, report.links,
-                                 report.applied_generation, self._seq)
+                                 report.applied_generation, self._seq, self._incarnation)
             try:
                 await self._stub.Report(convert.report_to_pb(report),
                                         timeout=REPORT_TIMEOUT_S, metadata=self._auth())
@@ -247,6 +254,7 @@ class LeaderLink:
                 self.reachable, self.last_error = True, ""
                 self._failures = 0
                 self._sent, self._sent_mono, self._owed = report, time.monotonic(), False
+                self._acked = report.seq
                 LOG.debug("report %d sent: %s", self._seq, why)
                 backoff.reset()
                 wait = self.interval_s
@@ -267,15 +275,16 @@ class LeaderLink:
             have = 0 if resync else self._have()
             resync = False
             call = self._call = self._stub.WatchPlan(
-                lpb.WatchRequest(host_id=self.host_id, have_generation=have),
+                lpb.WatchRequest(host_id=self.host_id, have_generation=have,
+                                 incarnation=self._incarnation, report_seq=self._acked),
                 metadata=self._auth())
             opened = False
             try:
                 async for msg in call:
                     if not opened:
                         opened = True
-                        if self._stream_ended:  # maybe a new or restarted leader: it
-                            self._poke_later()  # must hear this host's whole state
+                        if self._stream_ended:  # maybe a new or restarted leader
+                            await self._stream_opened(call)
                     if not await self._vouched_for(msg.term):
                         call.cancel()  # this leader's plans are not applied: go where
                         if (named := await self._etcds_leader()) not in (None, self.address):
@@ -293,15 +302,29 @@ class LeaderLink:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() is not grpc.StatusCode.CANCELLED:  # cancelled: a new leader
                     self._failed("plan stream", exc)
-                    # reports are rare now: a report is how the agent finds where the
-                    # leader went (a standby's redirect, etcd, the fallback list)
-                    self._poke_later()
+                    # the stream finds where the leader went (a standby's redirect, etcd,
+                    # the fallback list): a report would cost the new leader one per host
+                    if await self._follow(exc):
+                        backoff.reset()
+                        self._stream_ended = True
+                        continue
             except asyncio.CancelledError:
                 if self._stop.is_set() or call is self._call:
                     raise  # the task is cancelled, not just the call
             self._stream_ended = True
-            if not resync:
-                await asyncio.sleep(backoff.next())
+            if not resync:  # with etcd to ask, ask often: the new leader may be elected now
+                wait = backoff.next()
+                await asyncio.sleep(min(wait, 1.0) if self._resolve else wait)
+
+    async def _stream_opened(self, call: grpc.aio.UnaryStreamCall[Any, Any]) -> None:
+        """A plan stream opened after one ended: report unless the leader's view holds this
+        host's latest acked report (a leader that says nothing is an older one: report)."""
+        md = await call.initial_metadata()
+        if dict(md or ()).get(VIEW_METADATA) == VIEW_CURRENT and not self._owed:
+            LOG.info("leader %s holds this host's report %d: none sent on the new stream",
+                     self.address, self._acked)
+            return
+        self._poke_later()
 
     async def cluster_status(self) -> tuple[cpb.ClusterStatus | None, str]:
         try:

@@ -43,6 +43,10 @@ class AgentRecord:
     # jobs whose measurement has been materially off their baseline since when (Unix s):
     # it re-plans once it has held for change_hold_s
     pending: dict[str, float] = field(default_factory=dict)
+    # the report this record holds (AgentReport.incarnation, seq): a new plan stream that
+    # names it needs no new report (a restored or elected leader's view is current)
+    incarnation: int = 0
+    seq: int = 0
 
 
 @dataclass
@@ -182,7 +186,8 @@ class ClusterState:
                       if live_before is not None else 0)
         self.agents[host] = AgentRecord(report.host, new_jobs, paths, report.links, now,
                                         applied, baseline=baseline,
-                                        pending=pending)
+                                        pending=pending, incarnation=report.incarnation,
+                                        seq=report.seq)
         # only jobs that left this host can have ended: no scan of every job per report
         for jid in sorted(before.keys() - new_jobs.keys()):
             record = self.jobs.get(jid)
@@ -191,6 +196,13 @@ class ClusterState:
                 record.expired_at, record.ended = now, True
                 causes.append(f"job ended: {jid}")
         return causes
+
+    def holds_report(self, host: str, incarnation: int, seq: int) -> bool:
+        """Whether the view holds the agent's report (incarnation, seq): its latest acked,
+        as its new plan stream says. 0 names none (an agent that never had one acked)."""
+        rec = self.agents.get(host)
+        return (incarnation != 0 and rec is not None and not rec.expired
+                and rec.incarnation == incarnation and rec.seq == seq)
 
     def stream_opened(self, host: str) -> None:
         self.streams[host] = self.streams.get(host, 0) + 1

@@ -147,6 +147,7 @@ class AgentReport:
     links: tuple[LinkObservation, ...] = ()
     applied_generation: int = 0
     seq: int = 0
+    incarnation: int = 0  # random per agent process: (incarnation, seq) names the report
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,9 @@ LOG = logging.getLogger(__name__)
 TOKEN_FILE = "leader.token"
 METADATA_KEY = "authorization"
 LEADER_TRAILER = "crux-leader"  # a standby's refusal names the active leader here
+# A plan stream's initial metadata: VIEW_CURRENT when the leader's view holds the report the
+# agent named (WatchRequest.incarnation, report_seq), so the agent need not report again
+VIEW_METADATA, VIEW_CURRENT = "crux-view", "current"
 _SCHEME = "Bearer "
 _MAX_TOKEN = 4096  # a token file is 64 hex digits; never read more than this
 

@@ -19,7 +19,7 @@ from cruxd.control.cluster import ClusterState
 from cruxd.control.replan_stats import ReplanStats
 from cruxd.control.validate import InvalidMessage, check_host_id, check_report
 from cruxd.hints.formats import FORMATS
-from cruxd.leader.auth import LEADER_TRAILER, Gate
+from cruxd.leader.auth import LEADER_TRAILER, VIEW_CURRENT, VIEW_METADATA, Gate
 from cruxd.leader.status import cluster_status
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
@@ -130,6 +130,13 @@ class LeaderRpcs(lgrpc.LeaderServicer):
         if state.streams.get(host, 0) >= MAX_STREAMS_PER_HOST:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"{host} already has {MAX_STREAMS_PER_HOST} plan streams open")
+        # a restored or newly elected leader whose view holds the agent's latest report
+        # needs none again: 10,000 re-reports were most of a failover at 10,000 hosts
+        current = state.holds_report(host, request.incarnation, request.report_seq)
+        if current:
+            self._unheard.discard(host)
+        await context.send_initial_metadata(
+            ((VIEW_METADATA, VIEW_CURRENT if current else "stale"),))
         state.stream_opened(host)
         self.watchers += 1
         first = True  # the first message goes even to a host on this plan already

@@ -70,7 +70,8 @@ def report_to_pb(r: AgentReport) -> lpb.AgentReport:
         jobs=[local_job_to_pb(j) for j in r.jobs],
         paths=[path_table_to_pb(t) for t in r.paths],
         links=[link_to_pb(lk) for lk in r.links],
-        applied_generation=r.applied_generation, seq=r.seq)
+        applied_generation=r.applied_generation, seq=r.seq,
+        incarnation=r.incarnation)
 
 
 def link_to_pb(lk: LinkObservation) -> cpb.LinkObservation:
@@ -90,7 +91,8 @@ def report_from_pb(p: lpb.AgentReport) -> AgentReport:
         paths=tuple(path_table_from_pb(t) for t in p.paths),
         links=tuple(LinkObservation(lk.link, lk.utilization, lk.congestion_events)
                     for lk in p.links),
-        applied_generation=p.applied_generation, seq=p.seq)
+        applied_generation=p.applied_generation, seq=p.seq,
+        incarnation=p.incarnation)
 
 
 def path_table_to_pb(t: PathTable) -> lpb.PathTable:
