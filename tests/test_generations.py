@@ -111,3 +111,30 @@ def test_a_view_saved_before_its_plan_is_planned_after_a_restart(tmp_path: Path)
     store.save_high_water(ld2.config.leader.state_file, 3)
     ld2.restore()
     assert ld2._causes == []
+
+
+def test_a_restored_leader_waits_for_the_hosts_its_view_lacks(tmp_path: Path) -> None:
+    """The view is saved after the plan: a host that joined in between is in the plan only.
+    Its re-plan waits for that host's report (hosts whose view is current send none, so the
+    wait no longer hides behind theirs: a failover dropped a job in tests/test_ha_etcd.py),
+    and only for it."""
+    ld = inproc_leader(tmp_path, [])
+    sf = ld.config.leader.state_file
+    state = ClusterState(30.0, 0.1, 0.0)
+    nic = (Nic("mlx5_0", "10.0.0.1", 0, 100.0),)
+    state.ingest(AgentReport(HostInventory("h1", "1", 8, nic), (LocalJob("b", 8),)), 1.0)
+    plan = PublishedPlan(3, 1000, 1, (
+        JobAssignment("a", JobState.SCHEDULED, level=0, dscp=26, hosts=("h0",), gpus=8),
+        JobAssignment("b", JobState.SCHEDULED, level=0, dscp=26, hosts=("h1",), gpus=8)))
+    store.write_atomic(sf, store.snapshot(state, plan))  # h0, and its "a", after the save
+    store.save_high_water(sf, 3)
+    ld.restore()
+    assert ld._unheard == {"h0"}
+    # the view and the plan agreeing: nothing to wait for
+    (tmp_path / "2").mkdir()
+    ld2 = inproc_leader(tmp_path / "2", [])
+    state.ingest(AgentReport(HostInventory("h0", "1", 8, nic), (LocalJob("a", 8),)), 2.0)
+    store.write_atomic(ld2.config.leader.state_file, store.snapshot(state, plan))
+    store.save_high_water(ld2.config.leader.state_file, 3)
+    ld2.restore()
+    assert ld2._unheard == set()

@@ -291,6 +291,10 @@ class LeaderLink:
                             self._connect(named)  # etcd says the leader is
                         break
                     backoff.reset()
+                    if not self.reachable:  # a stream is how it learns now: a leader whose
+                        LOG.info("leader %s reachable", self.address)  # view is current
+                        self.reachable, self.last_error = True, ""  # takes no report
+                        self._failures = 0
                     self.last_plan_mono = time.monotonic()
                     try:
                         resync = not self._on_plan(convert.host_plan_from_pb(msg))

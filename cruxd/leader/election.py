@@ -130,22 +130,19 @@ class Election:
         return None
 
     async def load(self) -> tuple[int, dict[str, Any] | None]:
-        """The highest generation recorded, and the state to resume: the cluster view
-        (saved after each change) with the plan of that generation (saved with it)."""
+        """The highest generation recorded, and the state to resume (resumed())."""
+        return resumed(*await self.read())
+
+    async def read(self) -> tuple[Any, Any, Any]:
+        """The generation, plan and state records (None where absent)."""
         gen_kv, plan_kv, state_kv = [await self.client.get(k) for k in
                                      (self.gen_key, self.plan_key, self.state_key)]
-        generation = 0
-        if gen_kv is not None:
-            try:
-                generation = int(gen_kv.value)
-            except ValueError:
-                LOG.error("%s is not a generation (%r...); starting from 0",
-                          self.gen_key.decode(), gen_kv.value[:32])
-        view, plan = (_decoded(kv) for kv in (state_kv, plan_kv))
-        if view is None and plan is None:
-            return generation, None
-        return generation, {**(view or {"format": FORMAT, "agents": {}, "jobs": {}}),
-                            "plan": plan}
+        return gen_kv, plan_kv, state_kv
+
+    async def revisions(self) -> tuple[int, ...]:
+        """The mod revisions of the records read() reads, in one round trip without their
+        values: equal to revisions_of(read()) while none of them is written."""
+        return await self.client.mod_revisions((self.gen_key, self.plan_key, self.state_key))
 
     async def resign(self) -> None:
         if self.lease is not None:
@@ -154,6 +151,30 @@ class Election:
             except ClientError as exc:
                 LOG.warning("etcd: cannot revoke the lease: %s", exc)
             self.lease = None
+
+
+def resumed(gen_kv: Any, plan_kv: Any, state_kv: Any) -> tuple[int, dict[str, Any] | None]:
+    """From read()'s records: the highest generation recorded, and the state to resume,
+    the cluster view (saved after each change) with the plan of that generation (saved with
+    it). Unreadable values are logged and not resumed. No I/O: a thread may run it."""
+    generation = 0
+    if gen_kv is not None:
+        try:
+            generation = int(gen_kv.value)
+        except ValueError:
+            LOG.error("%s is not a generation (%r...); starting from 0",
+                      gen_kv.key.decode(errors="replace"), gen_kv.value[:32])
+    view, plan = (_decoded(kv) for kv in (state_kv, plan_kv))
+    if view is None and plan is None:
+        return generation, None
+    return generation, {**(view or {"format": FORMAT, "agents": {}, "jobs": {}}),
+                        "plan": plan}
+
+
+def revisions_of(kvs: tuple[Any, ...]) -> tuple[int, ...]:
+    """What Election.revisions() says of these records, had it been asked when they were
+    read."""
+    return tuple(int(kv.mod_revision) if kv is not None else 0 for kv in kvs)
 
 
 def _decoded(kv: Any) -> Any:

@@ -2,10 +2,12 @@
 election, active until it loses it, then standby again (docs/control-plane.md).
 
 While standby it serves Status read-only and refuses Report and WatchPlan, naming the
-active leader. Once elected it loads the plan state from etcd (the same generation the
-last leader published), plans, and records every generation in etcd before publishing
-it, under its term; the state itself is saved there after. If etcd cannot be written
-(quorum lost), plans are not published and Status says why; agents keep their last plan.
+active leader, and keeps a decoded copy of the state it would resume (cruxd.leader.standby).
+Once elected it resumes that copy, or loads the state from etcd where the copy is not what
+etcd holds (the same generation the last leader published either way), plans, and records
+every generation in etcd before publishing it, under its term; the state itself is saved
+there after. If etcd cannot be written (quorum lost), plans are not published and Status
+says why; agents keep their last plan.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from cruxd.control.codec_json import Memo, to_json
 from cruxd.leader.election import Election, Holder, Lost, encode_state
+from cruxd.leader.standby import Standby
 
 if TYPE_CHECKING:
     from cruxd.control.host_plans import PublishedPlan
@@ -35,6 +38,8 @@ class Candidate:
         self._deposed = asyncio.Event()
         self._memo = Memo()
         self._task: asyncio.Task[None] | None = None
+        # a decoded copy of the state to resume, kept while standby (cruxd.leader.standby)
+        self.standby = Standby(self.election, leader._fresh_state, leader.clock)
         leader.role = "standby"
         leader.fence = self._fence
         leader.saver = self._save
@@ -47,6 +52,7 @@ class Candidate:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await self.standby.close()
         if self.leader.role == "active":
             await self.leader.deactivate()
         await self.election.resign()  # the next candidate need not wait out the lease
@@ -69,14 +75,17 @@ class Candidate:
     async def _term(self) -> None:
         """One campaign, and the term it wins, until it ends."""
         leader, el = self.leader, self.election
+        self.standby.start()
         term = await el.win(POLL_S, self._seen)
         won = time.monotonic()
         LOG.info("won the election, term %d; reading the state from etcd", term)
         # the lease is kept from here on: reading and rebuilding the state of 10,000 hosts
         # takes longer than a lease (the successor lost it before it served one plan)
         hold = asyncio.create_task(el.hold())
+        await self.standby.stop()
         try:
-            high_water, doc = await el.load()
+            copy = await self.standby.take()
+            high_water, doc = (copy.high_water, None) if copy else await el.load()
         except Exception as exc:  # cannot read what to resume: try the campaign again
             LOG.error("elected (term %d) but cannot read the state from etcd: %s", term, exc)
             hold.cancel()
@@ -86,10 +95,16 @@ class Candidate:
             return
         self._deposed.clear()
         read = time.monotonic()
-        leader.activate(term, high_water, doc, f"etcd {el.state_key.decode()}")
+        source = f"etcd {el.state_key.decode()}"
+        if copy is not None and copy.error:  # as activate() logs a document it cannot use
+            LOG.error("leader state in %s unusable (%s); starting empty", source, copy.error)
+        how = "decoded at takeover" if copy is None else "from the standby's copy"
+        leader.activate(term, high_water, doc, source,
+                        (copy.state, copy.plan) if copy is not None else None)
+        del copy  # the term's own now
         LOG.info("elected leader, term %d, resuming generation %d (state read in %.1f s, "
-                 "rebuilt in %.1f s)", term, leader.plan.generation if leader.plan else
-                 high_water, read - won, time.monotonic() - read)
+                 "rebuilt in %.1f s, %s)", term, leader.plan.generation if leader.plan else
+                 high_water, read - won, time.monotonic() - read, how)
         deposed = asyncio.create_task(self._deposed.wait())
         try:
             await asyncio.wait([hold, deposed], return_when=asyncio.FIRST_COMPLETED)

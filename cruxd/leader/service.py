@@ -44,7 +44,7 @@ from cruxd.scheduler.planner import PlanConfig
 from cruxd.waits import cancelled, wait_event
 
 LOG = logging.getLogger(__name__)
-SETTLE_MAX_S = 10.0  # HA: how long a new leader waits for the agents before re-planning
+SETTLE_MAX_S = 10.0  # how long a restored leader waits for the agents before re-planning
 # after a plan that took T while more events came in (a backlog: agents joining at start-up),
 # the next starts T * PLAN_SPACING later at the soonest: planning then holds the GIL a third
 # of the time at most, and the loop keeps two thirds for the agents. A plan nothing came in
@@ -109,6 +109,24 @@ class Leader(LeaderRpcs, LeaderPersistence):
     def restore(self) -> None:
         sf = self.config.leader.state_file
         self._resume(store.load(sf, self.state, self.clock()), store.load_high_water(sf), sf)
+        self._await_agents()
+
+    def _await_agents(self) -> None:
+        """After a restore: a re-plan waits (SETTLE_MAX_S at most) for the hosts whose
+        view lacks a job the plan has on them: the view is saved after the plan, so a job,
+        or a whole host, that came in between is in the plan only, and a re-plan on the
+        view alone would drop it (it did, in a failover of tests/test_ha_etcd.py, once
+        hosts whose view is current no longer report). Those hosts report on finding this
+        leader, since its view lacks their latest report."""
+        lacking: set[str] = set()
+        for a in self.plan.jobs if self.plan is not None else ():
+            for h in a.hosts:
+                rec = self.state.agents.get(h)
+                if rec is None or rec.expired or a.job_id not in rec.jobs:
+                    lacking.add(h)
+        self._unheard = lacking
+        self._settle_until = self.clock() + min(self.config.leader.agent_timeout_s,
+                                                SETTLE_MAX_S)
 
     def _resume(self, plan: PublishedPlan | None, high_water: int, source: object) -> None:
         self.plan, self._high_water = plan, high_water
@@ -143,27 +161,41 @@ class Leader(LeaderRpcs, LeaderPersistence):
         viewed = {j for rec in self.state.agents.values() if not rec.expired for j in rec.jobs}
         return viewed != {a.job_id for a in self.plan.jobs}
 
-    def activate(self, term: int, high_water: int, doc: object, source: str) -> None:
-        """HA: this candidate won the election; resume the plan state it found."""
-        self.state = self._fresh_state()
-        plan = None
-        if doc is not None:
-            try:
-                plan = store.from_document(doc, self.state, self.clock())
-            except ValueError as exc:
-                LOG.error("leader state in %s unusable (%s); starting empty", source, exc)
+    def activate(self, term: int, high_water: int, doc: object, source: str,
+                 decoded: tuple[ClusterState, PublishedPlan | None] | None = None) -> None:
+        """HA: this candidate won the election; resume the plan state it found: `doc`, as
+        read from etcd, or `decoded`, a hot standby's copy of it (cruxd.leader.standby),
+        which this leader owns from here on."""
+        plan = self._adopt(doc, source, decoded)
         self._resume(plan, high_water, source)
         if self.plan is not None:  # the same plan, served under this leader's term
             self.plan = replace(self.plan, term=term)
-        # The view in etcd may be older than the plan (it is saved after it): re-planning
-        # on it would drop jobs it does not know yet. Wait for every agent it knows to
-        # report (they do at once on finding this leader), or SETTLE_MAX_S at most.
-        self._unheard = set(self.state.agents)
-        self._settle_until = self.clock() + min(self.config.leader.agent_timeout_s,
-                                                SETTLE_MAX_S)
+        # the view in etcd may be older than the plan (it is saved after it)
+        self._await_agents()
         self.term, self.role, self.active_leader = term, "active", self.address
         self.not_publishing = ""
         self.start()
+
+    def _adopt(self, doc: object, source: str,
+               decoded: tuple[ClusterState, PublishedPlan | None] | None) -> PublishedPlan | None:
+        """A fresh state filled from `decoded` or `doc`; the plan to resume."""
+        self.state = self._fresh_state()
+        if decoded is not None:
+            # only the records: the limits are this leader's (a reload may have come since)
+            self.state.agents, self.state.jobs = decoded[0].agents, decoded[0].jobs
+            now = self.clock()
+            for rec in self.state.agents.values():
+                # heard from as of now, not as of the decode (maybe minutes ago): every
+                # agent gets its full agent timeout to find this leader
+                rec.last_report = now
+            return decoded[1]
+        if doc is None:
+            return None
+        try:
+            return store.from_document(doc, self.state, self.clock())
+        except ValueError as exc:
+            LOG.error("leader state in %s unusable (%s); starting empty", source, exc)
+            return None
 
     async def deactivate(self) -> None:
         """HA: this leader lost the election: stop planning, end the plan streams (agents
@@ -242,6 +274,8 @@ class Leader(LeaderRpcs, LeaderPersistence):
                       *self.state.advance_profiling(now, can_profile(self.config.leader.levels))]
             self._causes = []
             if (causes and self._unheard and now < self._settle_until):
+                LOG.debug("re-plan waits for %d agent(s) to report: %s", len(self._unheard),
+                          ", ".join(sorted(self._unheard)[:5]))
                 self._causes = causes  # kept for when the view is whole
                 asyncio.get_running_loop().call_later(
                     min(0.2, self._settle_until - now), self._wake.set)
