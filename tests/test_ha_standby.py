@@ -42,6 +42,12 @@ LEASE_S = 2
 GENERATION = 7
 
 
+@pytest.fixture(autouse=True)
+def _no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy at once (test_a_settling_state_is_decoded_once_it_holds tests the wait)."""
+    monkeypatch.setattr(standby, "STANDBY_SETTLE_S", 0.0)
+
+
 @dataclass
 class Resumed:
     line: str  # "elected leader, ..."
@@ -281,3 +287,33 @@ def test_a_decode_under_way_at_the_win(monkeypatch: pytest.MonkeyPatch) -> None:
 
     asyncio.run(run(changed=False))
     asyncio.run(run(changed=True))
+
+
+def test_a_settling_state_is_decoded_once_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state still changing (a new leader saving while its agents come back) is not
+    decoded at each save: only once it has held for STANDBY_SETTLE_S."""
+    monkeypatch.setattr(standby, "STANDBY_REFRESH_S", 0.02)
+    monkeypatch.setattr(standby, "STANDBY_SETTLE_S", 0.3)
+    decodes: list[int] = []
+    real = store.from_document
+
+    def counted(*args: object) -> PublishedPlan | None:
+        decodes.append(1)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "from_document", counted)
+    el = FakeElection()
+    el.put(generation=str(GENERATION), plan=_plan(), state=_view(2))
+
+    async def run() -> None:
+        sb = _standby(el)
+        sb.start()
+        for n in range(2, 8):  # a save every 0.1 s: never held 0.3 s
+            el.put(state=_view(2 + n % 2))
+            await asyncio.sleep(0.1)
+        assert decodes == [] and sb._copy is None
+        await _until("a copy once the state held", lambda: sb._copy is not None)
+        assert len(decodes) == 1
+        await sb.close()
+
+    asyncio.run(run())

@@ -4,8 +4,9 @@ reading and rebuilding it. At 10,000 hosts that took 1.7-2.4 s to read and 9.5-1
 rebuild, most of a failover that must finish within 10 s.
 
 Every STANDBY_REFRESH_S the standby reads the mod revisions of the generation, plan and
-state keys (one keys-only transaction: no value travels). When one has moved, it reads
-the values and decodes them in a worker thread, one decode at a time. At the win, one
+state keys (one keys-only transaction: no value travels). When one has moved and has then
+held for STANDBY_SETTLE_S, it reads the values and decodes them in a worker thread, one
+decode at a time. At the win, one
 more revision read says whether the copy is what etcd holds now; only then is it used,
 else the state is decoded at takeover as without a standby copy.
 
@@ -35,6 +36,10 @@ LOG = logging.getLogger(__name__)
 # before it dies starts decoding within this, and a decode under way at the win, if it is
 # of what etcd holds, is waited for rather than started over
 STANDBY_REFRESH_S = 2.0
+# ... and decodes a state only once it has held this long: a new leader saves its view
+# again and again while 10,000 agents come back, and two standbys decoding each save (10 s
+# of CPU each on a busy box) slowed the failover they are for from 18-21 s to 24-27 s
+STANDBY_SETTLE_S = 6.0
 
 
 @dataclass
@@ -98,6 +103,7 @@ class Standby:
         self._decode: _Decode | None = None  # the latest decode started, until taken
         self._thread: asyncio.Future[None] | None = None  # its thread's future
         self._task: asyncio.Task[None] | None = None
+        self._seen: tuple[tuple[int, ...], float] | None = None  # revisions, since when
 
     def start(self) -> None:
         if self._task is None or self._task.done():
@@ -150,6 +156,10 @@ class Standby:
         now = await self._election.revisions()
         if now == self._decoded:
             return
+        if self._seen is None or self._seen[0] != now:
+            self._seen = now, time.monotonic()
+        if time.monotonic() - self._seen[1] < STANDBY_SETTLE_S:
+            return  # still changing (or just changed): decoded once it holds
         self._copy = None  # stale for good (revisions only grow): not held through the next
         if self._decode is not None:
             self._decode.take()  # one left by an earlier period, done by now
