@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 import numpy as np
 from _cluster_shapes import clos3_document, clos3_pods, real_workload
-from _cp_stats import mem_mb
+from _cp_stats import cpu_s, mem_mb
 from _leader_rig import STATUS_MAX_BYTES
 from _real_rig import RealBench, worker_ranges
 
@@ -53,6 +53,9 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
     errs0 = b.errors()
     others = [d for d in rig.leaders if d is not active]
     offsets = {d.name: len(d.log_text()) for d in others}
+    # where the box's 2 cores go during the failover: the simulated agents' workers, the
+    # candidates left (the new leader and a standby)
+    cpu0 = b.worker_cpu_s(), {d.name: cpu_s(d.proc.pid) for d in others if d.proc}
     active.send(signal.SIGKILL)
     t0, wall0 = time.monotonic(), time.time()
     elected: list[float] = []
@@ -73,6 +76,10 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
                            f"the address they talk to {b.tally('where')}; failed RPCs "
                            f"{b.errors_since(errs0)}")
     lat = np.array(per_agent) - t0
+    window = time.monotonic() - t0
+    cpu = {"workers": b.worker_cpu_s() - cpu0[0],
+           **{n: cpu_s(d.proc.pid) - cpu0[1][n] for d in others
+              if d.proc and (n := d.name) in cpu0[1]}}
     watcher.join()
     active.proc.wait()
     active.proc = None
@@ -85,7 +92,11 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
            "p99_s": float(np.percentile(lat, 99)), "all_s": float(lat.max()),
            "old_term": term, "new_term": after.term, "generation_before": gen,
            "generation_after": after.plan_generation, "steady_s": time.monotonic() - t0,
-           "leader_rss_mb": rss, "errors": b.errors_since(errs0)}
+           "leader_rss_mb": rss, "errors": b.errors_since(errs0),
+           "cpu_pct": {k: 100 * v / window for k, v in cpu.items()}, "window_s": window}
+    print(f"    ... CPU from the kill until every agent followed ({window:.1f} s), % of one "
+          f"core (the box has 2): " + ", ".join(f"{k} {v:.0f} %" for k, v in
+                                                row["cpu_pct"].items()), file=sys.stderr)
     print(f"    ... killed {active.name} at {time.strftime('%H:%M:%S', time.localtime(wall0))}"
           f".{int(wall0 % 1 * 1000):03d}; the others' log since:", file=sys.stderr)
     for d in others:

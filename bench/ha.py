@@ -139,17 +139,20 @@ def simulated(args: argparse.Namespace) -> int:
         return 0
     preamble()
     print(table(["kill", "new leader active", "first agent", "median agent", "p99 agent",
-                 "every agent", "target", "steady again", "generation", "failed RPCs"], [
+                 "every agent", "target", "steady again", "generation",
+                 "CPU until every agent followed", "failed RPCs"], [
         [str(i + 1), f"{r['elected_s']:.2f} s", f"{r['first_s']:.2f} s",
          f"{r['median_s']:.2f} s", f"{r['p99_s']:.2f} s",
          f"{r['all_s']:.2f} s", "10 s: " + ("met" if r["all_s"] <= 10 else "NOT met"),
          f"{r['steady_s']:.1f} s", f"{r['generation_before']} -> {r['generation_after']}",
+         ", ".join(f"{k} {v:.0f} %" for k, v in r["cpu_pct"].items()),
          r["errors"]] for i, r in enumerate(rows)]))
     print("# SIGKILL of the active leader -> the agent following the new leader (its plan "
           "stream open there, and its report acked where the new view lacked it); "
           f"{out['agents']} simulated agents ({out['per_channel']} per channel), "
           f"{out['jobs']} jobs, real shape; etcd_lease_s {args.lease_s:g}; 3 etcd members, "
-          f"3 candidates on loopback; the leader's RSS before the kill "
+          f"3 candidates on loopback; CPU as % of one core (the box has 2; workers: the "
+          f"simulated agents' processes); the leader's RSS before the kill "
           f"{rows[0]['leader_rss_mb']:.0f} MB" if rows else "# no kills")
     print(f"# total {time.monotonic() - started:.0f} s")
     return 0
