@@ -145,8 +145,6 @@ class Worker:
 
         self.addresses = address.split(",")
         self._channels: dict[tuple[int, int], Any] = {}  # (agent group, address) -> channel
-        self._users: dict[tuple[int, int], int] = {}  # agents on each channel
-        self._closing: set[asyncio.Task[None]] = set()  # channels left, being closed
         self.agents = [FakeAgent(i, jobs.get(i, []), inventory_pb(i) if nics is None
                                  else inventory(i, *nics)) for i in hosts]
         self.by_index = {a.index: a for a in self.agents}
@@ -163,23 +161,13 @@ class Worker:
         from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
         from cruxd.rpc.tls import KEEPALIVE
 
-        group = a.index // self.per_channel  # hosts are consecutive in a worker
-        if a.channel is not None:  # as the real agent closes the channel it leaves: one
-            old = (group, a.at)  # left open keeps reconnecting to a dead leader, and
-            self._users[old] -= 1  # 10,000 of them took the box's CPU after a kill
-            if not self._users[old]:
-                del self._users[old]
-                closing = asyncio.create_task(self._channels.pop(old).close())
-                self._closing.add(closing)
-                closing.add_done_callback(self._closing.discard)
         a.at = at % len(self.addresses)
-        key = (group, a.at)
+        key = (a.index // self.per_channel, a.at)  # hosts are consecutive in a worker
         ch = self._channels.get(key)
         if ch is None:
             ch = self._channels[key] = grpc.aio.insecure_channel(
                 self.addresses[a.at],
                 options=[*KEEPALIVE, ("grpc.use_local_subchannel_pool", 1)])
-        self._users[key] = self._users.get(key, 0) + 1
         a.channel = ch
         a.stub = lgrpc.LeaderStub(ch)  # type: ignore[no-untyped-call]
 
@@ -190,10 +178,12 @@ class Worker:
 
         from cruxd.leader.auth import LEADER_TRAILER
 
-        if len(self.addresses) < 2:
-            return False
+        if len(self.addresses) < 2 or exc.code() == grpc.StatusCode.CANCELLED:
+            return False  # cancelled: not the leader's answer
         named = dict(exc.trailing_metadata() or ()).get(LEADER_TRAILER)
         if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and named in self.addresses:
+            if self.addresses.index(named) == a.at:
+                return False  # a deposed leader naming itself: wait, as the real agent
             self._use(a, self.addresses.index(named))
             return True
         if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -385,7 +375,7 @@ class Worker:
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        await asyncio.gather(*(c.close() for c in self._channels.values()), *self._closing,
+        await asyncio.gather(*(c.close() for c in self._channels.values()),
                              return_exceptions=True)
 
 
