@@ -25,6 +25,7 @@ pytest_collection_modifyitems  # tests/conftest.py: pytest hook
 examples  # tests/conftest.py: pytest fixture, requested by parameter name
 _default_lease  # tests/test_pcie_attacks.py: an autouse fixture (the built-in lease for every test)
 _no_lease  # tests/test_pcie_locks.py: an autouse fixture (no lease: strict mutual exclusion)
+_no_settle  # tests/test_ha_standby.py: an autouse fixture (the standby decodes at once)
 wake  # transport/pcie.py: Layout mirrors every offset of crux_pcie.h's link record, read or not
 checked_ns  # transport/pcie.py: as above
 waiter_size  # transport/pcie.py: as above (the queue slot's size)
