@@ -222,6 +222,13 @@ class LeaderLink:
         asyncio.get_running_loop().call_later(random.uniform(0, REPORT_JITTER_S),
                                               self.poke, True)
 
+    def _reached(self) -> None:
+        """A report or a plan stream got through to the leader at `address`."""
+        if not self.reachable:
+            LOG.info("leader %s reachable", self.address)
+        self.reachable, self.last_error = True, ""
+        self._failures = 0
+
     def _failed(self, what: str, exc: grpc.aio.AioRpcError) -> None:
         self.rpc_errors += 1
         msg = f"{what}: {exc.code().name}: {exc.details()}"
@@ -249,10 +256,7 @@ class LeaderLink:
             try:
                 await self._stub.Report(convert.report_to_pb(report),
                                         timeout=REPORT_TIMEOUT_S, metadata=self._auth())
-                if not self.reachable:
-                    LOG.info("leader %s reachable", self.address)
-                self.reachable, self.last_error = True, ""
-                self._failures = 0
+                self._reached()
                 self._sent, self._sent_mono, self._owed = report, time.monotonic(), False
                 self._acked = report.seq
                 LOG.debug("report %d sent: %s", self._seq, why)
@@ -291,10 +295,8 @@ class LeaderLink:
                             self._connect(named)  # etcd says the leader is
                         break
                     backoff.reset()
-                    if not self.reachable:  # a stream is how it learns now: a leader whose
-                        LOG.info("leader %s reachable", self.address)  # view is current
-                        self.reachable, self.last_error = True, ""  # takes no report
-                        self._failures = 0
+                    if not self.reachable:  # a leader whose view is current takes no
+                        self._reached()  # report: its stream is how the agent learns
                     self.last_plan_mono = time.monotonic()
                     try:
                         resync = not self._on_plan(convert.host_plan_from_pb(msg))
