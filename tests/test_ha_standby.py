@@ -317,3 +317,40 @@ def test_a_settling_state_is_decoded_once_it_holds(monkeypatch: pytest.MonkeyPat
         await sb.close()
 
     asyncio.run(run())
+
+
+def test_a_decode_under_way_stops_when_another_candidate_wins(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old leader's last save, decoded while another candidate takes over, is of no
+    use to this standby (the winner saves its own): it stops at its next step instead of
+    taking a core from the failover, and the same revisions are decoded again later if
+    the winner saves nothing new."""
+    monkeypatch.setattr(standby, "STANDBY_REFRESH_S", 0.02)
+    real = store.from_document
+    runs: list[str] = []
+
+    def slow(*args: object) -> PublishedPlan | None:
+        time.sleep(0.3)
+        try:
+            got = real(*args)  # type: ignore[arg-type]
+        except store.Stopped:
+            runs.append("stopped")
+            raise
+        runs.append("done")
+        return got
+
+    monkeypatch.setattr(store, "from_document", slow)
+    el = FakeElection()
+    el.put(generation=str(GENERATION), plan=_plan(), state=_view(2))
+
+    async def run() -> None:
+        sb = _standby(el)
+        sb.start()
+        await _until("a decode", lambda: sb._thread is not None and not sb._thread.done())
+        sb.leader_changed()
+        await _until("the decode stopped", lambda: "stopped" in runs)
+        await _until("decoded again, whole", lambda: sb._copy is not None)
+        assert runs == ["stopped", "done"]
+        await sb.close()
+
+    asyncio.run(run())

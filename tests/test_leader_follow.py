@@ -91,3 +91,22 @@ def test_etcd_naming_an_unconfigured_leader_is_not_followed() -> None:
         await link.stop()
         return seen
     assert asyncio.run(run()) == ["10.0.0.1:7470", "10.0.0.2:7470", "10.0.0.2:7470"]
+
+
+def test_the_next_leader_asked_hears_which_one_was_lost() -> None:
+    """A standby holds its refusal for an agent that names the leader it lost (until the
+    election moves: tests/test_standby_hold.py); the name goes only to another leader,
+    and only until a leader is reached again."""
+    async def run() -> list[tuple[str, str | None]]:
+        link = _link()
+        down = AioRpcError(grpc.StatusCode.UNAVAILABLE, Metadata(), Metadata(), "refused")
+        seen = []
+        for _ in range(2):  # no etcd: the next configured leader after two failures
+            await link._follow(down)
+            seen.append((link.address, dict(link._auth()).get("crux-lost")))
+        link._reached()
+        seen.append((link.address, dict(link._auth()).get("crux-lost")))
+        await link.stop()
+        return seen
+    assert asyncio.run(run()) == [("10.0.0.1:7470", None), ("10.0.0.2:7470", "10.0.0.1:7470"),
+                                  ("10.0.0.2:7470", None)]

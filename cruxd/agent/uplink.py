@@ -27,7 +27,13 @@ import grpc
 
 from cruxd.config.model import TlsConfig
 from cruxd.control.records import AgentReport, HostPlan
-from cruxd.leader.auth import LEADER_TRAILER, VIEW_CURRENT, VIEW_METADATA, call_metadata
+from cruxd.leader.auth import (
+    LEADER_TRAILER,
+    LOST_METADATA,
+    VIEW_CURRENT,
+    VIEW_METADATA,
+    call_metadata,
+)
 from cruxd.rpc import convert, tls
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
@@ -87,6 +93,9 @@ class LeaderLink:
         self._candidates = (address, *(a for a in fallback if a != address))
         self._resolve = resolve
         self._failures = 0
+        # the leader whose stream or report found no one there, named to the next one
+        # asked (LOST_METADATA): a standby then waits for the election, not sends us back
+        self._lost: str | None = None
         self._call: grpc.aio.UnaryStreamCall[Any, Any] | None = None
         self._token_path = token_path  # re-read per call: the leader may start after us
         self.host_id = host_id
@@ -152,6 +161,8 @@ class LeaderLink:
         elsewhere. True if switched."""
         self._failures += 1
         target = None
+        if exc.code() is grpc.StatusCode.UNAVAILABLE:  # no one there: name it to the next
+            self._lost = self.address
         if exc.code() is grpc.StatusCode.FAILED_PRECONDITION:  # a standby names the leader
             named = dict(exc.trailing_metadata() or ()).get(LEADER_TRAILER)
             # only a configured leader: a redirect elsewhere would take the bearer token
@@ -210,7 +221,10 @@ class LeaderLink:
         return False
 
     def _auth(self) -> tuple[tuple[str, str], ...]:
-        return call_metadata(self._token_path)
+        md = call_metadata(self._token_path)
+        if self._lost is not None and self._lost != self.address:
+            md = (*md, (LOST_METADATA, self._lost))
+        return md
 
     def poke(self, owed: bool = False) -> None:
         """Look now whether a report is due (a job arrived, a sweep ended); `owed`: send
@@ -228,6 +242,7 @@ class LeaderLink:
             LOG.info("leader %s reachable", self.address)
         self.reachable, self.last_error = True, ""
         self._failures = 0
+        self._lost = None
 
     def _failed(self, what: str, exc: grpc.aio.AioRpcError) -> None:
         self.rpc_errors += 1

@@ -33,6 +33,10 @@ LEADER_TRAILER = "crux-leader"  # a standby's refusal names the active leader he
 # A plan stream's initial metadata: VIEW_CURRENT when the leader's view holds the report the
 # agent named (WatchRequest.incarnation, report_seq), so the agent need not report again
 VIEW_METADATA, VIEW_CURRENT = "crux-view", "current"
+# An agent names the leader it just lost (its stream or report found no one there): a
+# standby that still counts that one active holds its refusal until the election moves
+# (cruxd.leader.rpcs), so the agent is not sent back to the dead leader while its lease runs
+LOST_METADATA = "crux-lost"
 _SCHEME = "Bearer "
 _MAX_TOKEN = 4096  # a token file is 64 hex digits; never read more than this
 

@@ -125,7 +125,10 @@ class Candidate:
 
     def _seen(self, holder: Holder | None) -> None:
         """While standby: who is active, for Status and for the refusals' redirect."""
-        self.leader.active_leader = holder.address if holder else ""
+        address = holder.address if holder else ""
+        if address not in ("", self.leader.active_leader, self.leader.address):
+            self.standby.leader_changed()  # what the old leader saved is history now
+        self.leader.seen_leader(address)
 
     async def _fence(self, plan: PublishedPlan) -> str | None:
         """Record the generation with its plan (so a successor resumes exactly it)."""

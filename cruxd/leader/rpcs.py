@@ -19,12 +19,13 @@ from cruxd.control.cluster import ClusterState
 from cruxd.control.replan_stats import ReplanStats
 from cruxd.control.validate import InvalidMessage, check_host_id, check_report
 from cruxd.hints.formats import FORMATS
-from cruxd.leader.auth import LEADER_TRAILER, VIEW_CURRENT, VIEW_METADATA, Gate
+from cruxd.leader.auth import LEADER_TRAILER, LOST_METADATA, VIEW_CURRENT, VIEW_METADATA, Gate
 from cruxd.leader.status import cluster_status
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
+from cruxd.waits import wait_event
 
 if TYPE_CHECKING:
     from cruxd.control.host_plans import LeaderPlanConfig, PublishedPlan
@@ -36,6 +37,7 @@ LOG = logging.getLogger("cruxd.leader.service")  # the service's log, as before 
 # An agent holds one plan stream (two while it replaces one); more are refused, so one
 # host's credentials cannot pin the leader's memory with streams
 MAX_STREAMS_PER_HOST = 4
+MAX_ADDRESS = 256  # an address in LOST_METADATA; a longer one is not one of ours
 
 
 class LeaderRpcs(lgrpc.LeaderServicer):
@@ -60,6 +62,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
     _on_reject: Callable[[str, str], None]
     _unheard: set[str]
     _published: asyncio.Event
+    _moved: asyncio.Event  # pulsed when the election moves (Leader.leader_moved)
     _task: asyncio.Task[None] | None
 
     def _event(self, *causes: str) -> None:
@@ -85,9 +88,25 @@ class LeaderRpcs(lgrpc.LeaderServicer):
 
     async def _refuse_standby(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """A standby serves Status only; the rest it refuses, naming the active leader
-        (also in the `crux-leader` trailer, where agents follow it)."""
+        (also in the `crux-leader` trailer, where agents follow it). An agent that names
+        the leader it lost (LOST_METADATA), while this standby still counts that one (or
+        no one, or itself: won, not yet serving) active, waits here until the election
+        moves, a lease and a poll at most:
+        refused at once, it went back to the dead leader and round again, about eight
+        failed calls per agent in a failover. Won meanwhile, this leader takes the call."""
         if self.role != "standby":
             return
+        lost = _lost(context)
+        # this candidate itself named: it won and is reading the state to resume
+        waiting = (lost, "", self.address)
+        if lost is not None and self.active_leader in waiting:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + self.config.leader.etcd_lease_s + 1.0
+            while (self.role == "standby" and self.active_leader in waiting
+                   and (left := end - loop.time()) > 0):
+                await wait_event(self._moved, left)
+            if self.role != "standby":
+                return
         active = self.active_leader
         context.set_trailing_metadata(((LEADER_TRAILER, active),))
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -196,3 +215,11 @@ class LeaderRpcs(lgrpc.LeaderServicer):
                                  generated_unix_ms=int(self.clock() * 1000))
 
 
+
+
+def _lost(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The leader the caller says it lost (LOST_METADATA), if it names one sanely."""
+    for key, value in context.invocation_metadata() or ():
+        if key == LOST_METADATA and isinstance(value, str) and 0 < len(value) <= MAX_ADDRESS:
+            return value
+    return None

@@ -88,6 +88,7 @@ class Leader(LeaderRpcs, LeaderPersistence):
         self.role = "single"
         self.term = 0  # HA: the etcd revision of this leader's election (HostPlan.term)
         self.active_leader = ""  # a standby's view of who is active (its address)
+        self._moved = asyncio.Event()  # pulsed when that view or the role changes
         self.not_publishing = ""  # why plans are not going out (etcd unreachable, ...)
         # HA: record the generation before publishing (None: recorded, else why not;
         # raises when deposed), and save the state (instead of the state file)
@@ -173,6 +174,7 @@ class Leader(LeaderRpcs, LeaderPersistence):
         # the view in etcd may be older than the plan (it is saved after it)
         self._await_agents()
         self.term, self.role, self.active_leader = term, "active", self.address
+        self._pulse_moved()  # refusals held for this election: this leader takes them
         self.not_publishing = ""
         self.start()
 
@@ -197,10 +199,21 @@ class Leader(LeaderRpcs, LeaderPersistence):
             LOG.error("leader state in %s unusable (%s); starting empty", source, exc)
             return None
 
+    def seen_leader(self, address: str) -> None:
+        """HA, while standby: the campaign heard who is active ("" nobody)."""
+        if address != self.active_leader:
+            self.active_leader = address
+            self._pulse_moved()
+
+    def _pulse_moved(self) -> None:
+        self._moved.set()  # wakes the refusals waiting for the election (rpcs)
+        self._moved = asyncio.Event()
+
     async def deactivate(self) -> None:
         """HA: this leader lost the election: stop planning, end the plan streams (agents
         go looking for the new leader) and forget the state (the next term reloads it)."""
         self.role, self.active_leader = "standby", ""  # not us; the campaign learns who
+        self._pulse_moved()
         await self.hints.stop()
         await cancelled(self._task, "the planner")
         await cancelled(self._persist, "the state saver")

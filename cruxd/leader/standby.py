@@ -60,6 +60,7 @@ class _Decode:
         self.revisions = revisions
         self._lock = threading.Lock()
         self._dropped = False
+        self.moved = False  # dropped because another candidate won: may be decoded again
         self._copy: Copy | None = None
 
     def run(self, kvs: tuple[Any, Any, Any], fresh: Callable[[], ClusterState],
@@ -124,6 +125,15 @@ class Standby:
             self._decode.take()
             self._decode = None
 
+    def leader_changed(self) -> None:
+        """Another candidate won: a decode under way is of the state its predecessor saved,
+        which the winner replaces; it stops at its next step. Decoding on took a core
+        from the failover it is for (about 5 s of CPU at 10,000 hosts)."""
+        if self._decode is not None and self._thread is not None and not self._thread.done():
+            self._decode.moved = True
+            self._decode.take()
+        self._seen = None  # the settle starts over with the winner's saves
+
     async def take(self) -> Copy | None:
         """After stop(), at the win: the copy, if it is what etcd holds now, else None (the
         winner decodes it). Either way the standby keeps none. Raises ClientError when
@@ -169,7 +179,9 @@ class Standby:
         self._thread = asyncio.ensure_future(
             asyncio.to_thread(decode.run, kvs, self._fresh, self._clock()))
         await asyncio.shield(self._thread)  # cancelled (the win): take() may still use it
-        self._copy, self._decode, self._decoded = decode.take(), None, decode.revisions
+        self._copy, self._decode = decode.take(), None
+        if not decode.moved:  # a decode dropped for a new leader is tried again if need be
+            self._decoded = decode.revisions
         if self._copy is not None:
             LOG.debug("standby: state at revisions %s decoded in %.1f s (%d agents)",
                       self._copy.revisions, time.monotonic() - started,
