@@ -5,7 +5,8 @@ A simulated agent is what a real `cruxd` agent looks like to the leader: one Wat
 stream (opened with the generation it holds; its liveness), a Report at start, one when a
 job of its host arrives, one (jittered by the real agent's REPORT_JITTER_S) when its plan
 stream comes back after a failure on a leader whose view lacks its latest report (the
-stream's metadata says; a failed stream follows a standby's redirect itself), and
+stream's metadata says; a failed stream follows a standby's redirect itself, naming the
+leader it lost to the next one it asks, as the real agent does), and
 otherwise one every `interval_s` (the real agent's refresh_s; the first one jittered):
 agents report only on change
 (cruxd/agent/report_change.py). With `poke_on_plan`, also one right after every full plan,
@@ -82,6 +83,13 @@ class FakeAgent:
     acked_seq: int = 0
     # recent plan streams opened after one ended: (first message's time, at, view current)
     streams: list[tuple[float, int, bool]] = field(default_factory=list)
+    lost: str = ""  # the leader address a call just found no one at (as the real agent's)
+
+    def md(self) -> tuple[tuple[str, str], ...]:
+        """A call's metadata: the token, and the leader lost (cruxd.leader.auth)."""
+        from cruxd.leader.auth import LOST_METADATA
+
+        return (*self.metadata, (LOST_METADATA, self.lost)) if self.lost else self.metadata
 
     def fail(self, what: str) -> None:
         self.errors += 1
@@ -104,11 +112,12 @@ class FakeAgent:
         start = time.monotonic()
         pb = self.report_pb()
         try:
-            await self.stub.Report(pb, timeout=REPORT_TIMEOUT_S, metadata=self.metadata)
+            await self.stub.Report(pb, timeout=REPORT_TIMEOUT_S, metadata=self.md())
         except grpc.aio.AioRpcError as exc:
             self.fail(f"Report {exc.code().name}")
             self.last_error = exc
             return False
+        self.lost = ""
         self.reports += 1
         self.acked_seq = pb.seq
         self.acks = [*self.acks[-7:], (time.monotonic(), self.at)]
@@ -144,7 +153,8 @@ class Worker:
         from _cluster_shapes import inventory
 
         self.addresses = address.split(",")
-        self._channels: dict[tuple[int, int], Any] = {}  # (agent group, address) -> channel
+        # (agent group, address) -> (channel, stub)
+        self._channels: dict[tuple[int, int], tuple[Any, Any]] = {}
         self.agents = [FakeAgent(i, jobs.get(i, []), inventory_pb(i) if nics is None
                                  else inventory(i, *nics)) for i in hosts]
         self.by_index = {a.index: a for a in self.agents}
@@ -159,17 +169,22 @@ class Worker:
         import grpc
 
         from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
-        from cruxd.rpc.tls import KEEPALIVE
+        from cruxd.rpc.tls import KEEPALIVE, reconnect_options
 
         a.at = at % len(self.addresses)
         key = (a.index // self.per_channel, a.at)  # hosts are consecutive in a worker
-        ch = self._channels.get(key)
-        if ch is None:
-            ch = self._channels[key] = grpc.aio.insecure_channel(
+        got = self._channels.get(key)
+        if got is None:
+            # reconnecting as the real agent's channel does (cruxd.agent.uplink._connect):
+            # a cached channel to a leader that was down waited out gRPC's own backoff
+            ch = grpc.aio.insecure_channel(
                 self.addresses[a.at],
-                options=[*KEEPALIVE, ("grpc.use_local_subchannel_pool", 1)])
-        a.channel = ch
-        a.stub = lgrpc.LeaderStub(ch)  # type: ignore[no-untyped-call]
+                options=[*KEEPALIVE, ("grpc.use_local_subchannel_pool", 1),
+                         *reconnect_options(1.0 if len(self.addresses) > 1 else 30.0)])
+            # one stub per channel: a stub registers each method with the channel, which
+            # was a tenth of the simulated agents' CPU in a failover (py-spy)
+            got = self._channels[key] = ch, lgrpc.LeaderStub(ch)  # type: ignore[no-untyped-call]
+        a.channel, a.stub = got
 
     def _follow(self, a: FakeAgent, exc: Any) -> bool:
         """After a failed Report (as the real agent, which follows on its reports): a
@@ -186,6 +201,8 @@ class Worker:
                 return False  # a deposed leader naming itself: wait, as the real agent
             self._use(a, self.addresses.index(named))
             return True
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            a.lost = self.addresses[a.at]  # named to the next one: a standby holds its answer
         if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
             self._use(a, a.at + 1)
         return False
@@ -210,7 +227,7 @@ class Worker:
         while True:
             call = a.stub.WatchPlan(lpb.WatchRequest(
                 host_id=host_id(a.index), have_generation=a.generation,
-                incarnation=a.incarnation, report_seq=a.acked_seq), metadata=a.metadata)
+                incarnation=a.incarnation, report_seq=a.acked_seq), metadata=a.md())
             opened = False
             try:
                 async for msg in call:
@@ -221,7 +238,7 @@ class Worker:
                         if not current:  # its view lacks this host's latest report
                             asyncio.get_running_loop().call_later(
                                 random.uniform(0, REPORT_JITTER_S), a.poke.set)
-                    opened = True
+                    opened, a.lost = True, ""
                     backoff.reset()
                     on_plan(a, msg, time.monotonic())
                     if self.poke_on_plan and not msg.unchanged:
@@ -375,7 +392,7 @@ class Worker:
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        await asyncio.gather(*(c.close() for c in self._channels.values()),
+        await asyncio.gather(*(c.close() for c, _ in self._channels.values()),
                              return_exceptions=True)
 
 

@@ -56,6 +56,7 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
     # where the box's 2 cores go during the failover: the simulated agents' workers, the
     # candidates left (the new leader and a standby)
     cpu0 = b.worker_cpu_s(), {d.name: cpu_s(d.proc.pid) for d in others if d.proc}
+    print(f"    ... SIGKILL {active.name} (pid {active.proc.pid})", file=sys.stderr, flush=True)
     active.send(signal.SIGKILL)
     t0, wall0 = time.monotonic(), time.time()
     elected: list[float] = []

@@ -52,6 +52,7 @@ def one_kill(rig: HaRig, jobs: int) -> dict[str, object]:
     before = rig.settled(active, jobs)
     tables = rig.tables()
     others = [d for d in rig.leaders if d is not active]
+    print(f"    ... SIGKILL {active.name} (pid {active.proc.pid})", file=sys.stderr, flush=True)
     active.send(signal.SIGKILL)
     t0 = time.monotonic()
     new = wait_for("a standby to take over", lambda: rig.active(others), 30, every=0.05)

@@ -148,7 +148,11 @@ class LeaderLink:
     def _connect(self, address: str) -> None:
         old = self._channel
         self.address = address
-        self._channel = tls.channel(address, self._tls, self._dscp, self._keepalive_s)
+        # the channel's reconnects as often as this link retries: at most 1 s apart with
+        # a leader to look for elsewhere (etcd, fallbacks), else the link's backoff cap
+        many = self._resolve is not None or len(self._candidates) > 1
+        self._channel = tls.channel(address, self._tls, self._dscp, self._keepalive_s,
+                                    1.0 if many else self._backoff_max_s)
         self._stub = lgrpc.LeaderStub(self._channel)  # type: ignore[no-untyped-call]
         if self._call is not None:
             self._call.cancel()  # the plan stream starts over on the new channel

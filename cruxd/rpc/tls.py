@@ -94,9 +94,20 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
         root_certificates=_read(tls.ca, "ca"), require_client_auth=True)
 
 
+def reconnect_options(max_s: float) -> list[tuple[str, int]]:
+    """A channel's own reconnect backoff, capped at the caller's retry cadence. gRPC's
+    default grows to 120 s, and a call on a channel waiting out that backoff fails at once
+    (UNAVAILABLE): an agent retrying every second reached a leader back up only when the
+    channel's next attempt came, seconds later (bench/ha.py's failover tail)."""
+    ms = max(100, int(max_s * 1000))
+    return [("grpc.initial_reconnect_backoff_ms", min(1000, ms)),
+            ("grpc.max_reconnect_backoff_ms", ms)]
+
+
 def channel(address: str, tls: TlsConfig, dscp: int | None = CONTROL_DSCP,
-            keepalive_s: float = 10.0) -> grpc.aio.Channel:
-    options: list[tuple[str, str | int]] = [*keepalive(keepalive_s), *dscp_options(dscp)]
+            keepalive_s: float = 10.0, reconnect_max_s: float = 120.0) -> grpc.aio.Channel:
+    options: list[tuple[str, str | int]] = [*keepalive(keepalive_s), *dscp_options(dscp),
+                                            *reconnect_options(reconnect_max_s)]
     if not tls.enabled:
         return grpc.aio.insecure_channel(address, options=options)
     creds = grpc.ssl_channel_credentials(root_certificates=_read(tls.ca, "ca"),
