@@ -217,23 +217,30 @@ def _stoppable(items: Iterable[T], stop: Callable[[], bool] | None) -> Iterator[
 
 
 def _check_tree(doc: Any, stop: Callable[[], bool] | None = None) -> None:
-    """Depth and integer range over the whole document, without recursion."""
+    """Depth (no value deeper than MAX_DEPTH) and integer range over the whole document,
+    without recursion. Only containers go on the stack and scalars are tested by exact
+    type (json.loads makes no subclasses; a bool is not an int here): walking every value
+    as a stack entry was most of a 10,000-host takeover's rebuild (py-spy), 2.7x slower."""
+    lo, hi = -(1 << 63), 1 << 64
+    if type(doc) is not dict and type(doc) is not list:
+        if type(doc) is int and not lo <= doc < hi:
+            raise ValueError(f"integer {doc} out of the 64-bit range")
+        return
     todo: list[tuple[Any, int]] = [(doc, 0)]
     n = 0
     while todo:
         n += 1
-        if stop is not None and n % 65536 == 0 and stop():
+        if stop is not None and n % 4096 == 0 and stop():
             raise Stopped
         node, depth = todo.pop()
-        if depth > MAX_DEPTH:
+        if depth >= MAX_DEPTH and node:  # its values are deeper than MAX_DEPTH
             raise ValueError(f"nested over {MAX_DEPTH} levels")
-        if isinstance(node, dict):
-            todo.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            todo.extend((v, depth + 1) for v in node)
-        elif isinstance(node, int) and not isinstance(node, bool) and not (
-                -(1 << 63) <= node < (1 << 64)):
-            raise ValueError(f"integer {node} out of the 64-bit range")
+        for v in node.values() if type(node) is dict else node:
+            t = type(v)
+            if t is dict or t is list:
+                todo.append((v, depth + 1))
+            elif t is int and not lo <= v < hi:
+                raise ValueError(f"integer {v} out of the 64-bit range")
 
 
 def _set_aside(path: Path, why: str) -> None:
