@@ -59,11 +59,14 @@ def _stand_ins(metrics: Metrics) -> None:
             live_agents=lambda: {"h0": SimpleNamespace(jobs={"j": SimpleNamespace(
                 job_id="GPU_Job-1", tcp_ports_busy=9)})}),
         watchers=2, role="active", not_publishing="",
+        streams_opened={"current": 9, "stale": 2}, refusals_held=3,
+        takeovers={"copy": 1, "decoded": 0},
         replans=ReplanStats(Counter({"job arrived": 2, "measurement changed": 1}), 3,
                             {"GPU_Job-1": 1}))
     metrics.agent = SimpleNamespace(  # type: ignore[assignment]
         registry=SimpleNamespace(jobs=lambda: [job]),
-        link=SimpleNamespace(reachable=True, rpc_errors=4, terms_refused=1),
+        link=SimpleNamespace(reachable=True, rpc_errors=4, terms_refused=1,
+                             reports_skipped=11),
         table=SimpleNamespace(header=lambda: SimpleNamespace(plan_generation=7)),
         rejected=1, server=SimpleNamespace(rejected=2, timed_out=5, accept_errors=6),
         dataplane=SimpleNamespace(
@@ -91,6 +94,13 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
     assert types["crux_agent_rejected_total"] == "counter"
     assert "crux_agent_rpc_errors_total 4.0" in text
     assert "crux_agent_terms_refused_total 1.0" in text
+    # the failover's figures (docs/control-plane.md, "A held refusal")
+    assert "crux_agent_reports_skipped_total 11.0" in text
+    assert 'crux_leader_plan_streams_opened_total{view="current"} 9.0' in text
+    assert 'crux_leader_plan_streams_opened_total{view="stale"} 2.0' in text
+    assert "crux_leader_refusals_held_total 3.0" in text
+    assert 'crux_leader_takeovers_total{source="copy"} 1.0' in text
+    assert types["crux_leader_takeovers_total"] == "counter"
     assert 'crux_agent_connected{host="h0"} 1.0' in text
     assert "crux_agent_rejected_total 3.0" in text
     for name, value in (("crux_agent_request_timeouts_total", 5.0),

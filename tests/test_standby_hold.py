@@ -92,7 +92,9 @@ def test_the_refusal_waits_for_the_election_and_names_the_winner(tmp_path: Path)
             await asyncio.sleep(0.5)
             held = not call.done()
             leader.seen_leader(NEXT)  # what the campaign thread reports on the new holder
-            return held, await asyncio.wait_for(call, 2.0)
+            got = await asyncio.wait_for(call, 2.0)
+            assert leader.refusals_held == 1  # crux_leader_refusals_held_total
+            return held, got
     held, got = asyncio.run(run())
     assert held, "the refusal went before the election moved"
     assert got == (grpc.StatusCode.FAILED_PRECONDITION, NEXT)

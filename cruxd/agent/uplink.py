@@ -119,6 +119,7 @@ class LeaderLink:
         self.last_error = "not connected yet"
         self.last_plan_mono: float | None = None
         self.rpc_errors = 0
+        self.reports_skipped = 0  # new plan streams whose leader held our latest report
         # None: every look sends (the old periodic report; tests and tools)
         self._why = why
         self._sent: AgentReport | None = None  # the last report the leader took
@@ -346,6 +347,7 @@ class LeaderLink:
         host's latest acked report (a leader that says nothing is an older one: report)."""
         md = await call.initial_metadata()
         if dict(md or ()).get(VIEW_METADATA) == VIEW_CURRENT and not self._owed:
+            self.reports_skipped += 1
             LOG.info("leader %s holds this host's report %d: none sent on the new stream",
                      self.address, self._acked)
             return

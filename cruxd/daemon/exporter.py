@@ -120,6 +120,21 @@ def _leader_metrics(leader: Leader) -> Iterator[Metric]:
     yield ages
     yield connected
     yield GaugeMetricFamily("crux_plan_watchers", "Open plan streams", value=leader.watchers)
+    opened = CounterMetricFamily("crux_leader_plan_streams_opened", "Plan streams opened, by "
+                                 "whether this leader's view held the agent's latest report "
+                                 "(current: the agent sends none)", labels=["view"])
+    for view, n in sorted(leader.streams_opened.items()):
+        opened.add_metric([view], n)
+    yield opened
+    yield CounterMetricFamily("crux_leader_refusals_held", "Standby refusals held until the "
+                              "election moved (an agent named the leader it lost)",
+                              value=leader.refusals_held)
+    takeovers = CounterMetricFamily("crux_leader_takeovers", "HA terms this candidate began, "
+                                    "by where the state came from (copy: the hot standby's; "
+                                    "decoded: read from etcd at the win)", labels=["source"])
+    for source, n in sorted(leader.takeovers.items()):
+        takeovers.add_metric([source], n)
+    yield takeovers
     replans = CounterMetricFamily("crux_replans", "Plans that changed some job's decision, "
                                   "by kind of cause", labels=["cause"])
     for cause, n in sorted(leader.replans.replans.items()):
@@ -198,6 +213,10 @@ def _agent_metrics(agent: Agent) -> Iterator[Metric]:
     # counts that only grow while the process lives: counters, so rate() works on them
     yield CounterMetricFamily("crux_agent_rpc_errors", "Failed calls to the leader",
                               value=agent.link.rpc_errors)
+    yield CounterMetricFamily("crux_agent_reports_skipped",
+                              "New plan streams on a leader whose view held this host's "
+                              "latest report, so none was sent (a restart, a failover)",
+                              value=agent.link.reports_skipped)
     yield CounterMetricFamily("crux_agent_terms_refused", "Plan streams refused because etcd "
                               "did not record their leader term (HA)",
                               value=agent.link.terms_refused)

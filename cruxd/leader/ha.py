@@ -99,6 +99,7 @@ class Candidate:
         if copy is not None and copy.error:  # as activate() logs a document it cannot use
             LOG.error("leader state in %s unusable (%s); starting empty", source, copy.error)
         how = "decoded at takeover" if copy is None else "from the standby's copy"
+        leader.takeovers["decoded" if copy is None else "copy"] += 1
         leader.activate(term, high_water, doc, source,
                         (copy.state, copy.plan) if copy is not None else None)
         del copy  # the term's own now

@@ -62,7 +62,9 @@ class LeaderRpcs(lgrpc.LeaderServicer):
     _on_reject: Callable[[str, str], None]
     _unheard: set[str]
     _published: asyncio.Event
-    _moved: asyncio.Event  # pulsed when the election moves (Leader.leader_moved)
+    _moved: asyncio.Event  # pulsed when the election moves (Leader.seen_leader)
+    streams_opened: dict[str, int]
+    refusals_held: int
     _task: asyncio.Task[None] | None
 
     def _event(self, *causes: str) -> None:
@@ -100,6 +102,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
         # this candidate itself named: it won and is reading the state to resume
         waiting = (lost, "", self.address)
         if lost is not None and self.active_leader in waiting:
+            self.refusals_held += 1
             loop = asyncio.get_running_loop()
             end = loop.time() + self.config.leader.etcd_lease_s + 1.0
             while (self.role == "standby" and self.active_leader in waiting
@@ -154,6 +157,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
         current = state.holds_report(host, request.incarnation, request.report_seq)
         if current:
             self._unheard.discard(host)
+        self.streams_opened["current" if current else "stale"] += 1
         await context.send_initial_metadata(
             ((VIEW_METADATA, VIEW_CURRENT if current else "stale"),))
         state.stream_opened(host)

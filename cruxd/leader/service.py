@@ -89,6 +89,12 @@ class Leader(LeaderRpcs, LeaderPersistence):
         self.term = 0  # HA: the etcd revision of this leader's election (HostPlan.term)
         self.active_leader = ""  # a standby's view of who is active (its address)
         self._moved = asyncio.Event()  # pulsed when that view or the role changes
+        # failover figures (crux_leader_* metrics): plan streams opened whose view held
+        # the agent's latest report (none owed) or not; refusals held for an election;
+        # HA terms begun from the standby's copy or by decoding etcd's state
+        self.streams_opened = {"current": 0, "stale": 0}
+        self.refusals_held = 0
+        self.takeovers = {"copy": 0, "decoded": 0}
         self.not_publishing = ""  # why plans are not going out (etcd unreachable, ...)
         # HA: record the generation before publishing (None: recorded, else why not;
         # raises when deposed), and save the state (instead of the state file)
