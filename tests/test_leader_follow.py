@@ -4,6 +4,7 @@ configured leader; etcd's record; else the configured leaders in turn."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 from grpc.aio import AioRpcError, Metadata
@@ -110,3 +111,31 @@ def test_the_next_leader_asked_hears_which_one_was_lost() -> None:
         return seen
     assert asyncio.run(run()) == [("10.0.0.1:7470", None), ("10.0.0.2:7470", "10.0.0.1:7470"),
                                   ("10.0.0.2:7470", None)]
+
+
+def test_the_channel_reconnects_as_often_as_the_link_retries(monkeypatch: Any) -> None:
+    """gRPC's own reconnect backoff grows to 120 s, and a call on a channel waiting it out
+    fails at once: the link caps it at its own cadence (1 s with another leader to look
+    for, else its backoff cap), and tls.channel turns that into the channel's arguments."""
+    from cruxd.rpc import tls
+
+    made: list[float] = []
+    real = tls.channel
+
+    def channel(*args: Any, **kw: Any) -> Any:
+        made.append(args[4] if len(args) > 4 else kw["reconnect_max_s"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(tls, "channel", channel)
+
+    async def run() -> None:
+        ha = _link()  # two fallbacks
+        alone = LeaderLink("10.0.0.1:7470", NO_TLS, "h0", lambda: None,  # type: ignore[arg-type]
+                           lambda hp: True, 1.0, 7.0, lambda: 0)
+        for link in (ha, alone):
+            link._connect(link.address)
+            await link.stop()
+    asyncio.run(run())
+    assert made == [1.0, 7.0]
+    assert dict(tls.reconnect_options(7.0)) == {"grpc.initial_reconnect_backoff_ms": 1000,
+                                                 "grpc.max_reconnect_backoff_ms": 7000}
