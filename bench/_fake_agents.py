@@ -182,7 +182,7 @@ class Worker:
                 options=[*KEEPALIVE, ("grpc.use_local_subchannel_pool", 1),
                          *reconnect_options(1.0 if len(self.addresses) > 1 else 30.0)])
             # one stub per channel: a stub registers each method with the channel, which
-            # was a tenth of the simulated agents' CPU in a failover (py-spy)
+            # was 7 % of a simulated-agent worker's samples in a failover (py-spy)
             got = self._channels[key] = ch, lgrpc.LeaderStub(ch)  # type: ignore[no-untyped-call]
         a.channel, a.stub = got
 

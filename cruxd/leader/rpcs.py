@@ -93,9 +93,9 @@ class LeaderRpcs(lgrpc.LeaderServicer):
         (also in the `crux-leader` trailer, where agents follow it). An agent that names
         the leader it lost (LOST_METADATA), while this standby still counts that one (or
         no one, or itself: won, not yet serving) active, waits here until the election
-        moves, a lease and a poll at most:
-        refused at once, it went back to the dead leader and round again, about eight
-        failed calls per agent in a failover. Won meanwhile, this leader takes the call."""
+        moves, a lease and a second at most. Refused at once, it went back to the dead
+        leader and round again, about eight failed calls per agent in a failover. Won
+        meanwhile, this leader takes the call."""
         if self.role != "standby":
             return
         lost = _lost(context)
@@ -217,8 +217,6 @@ class LeaderRpcs(lgrpc.LeaderServicer):
                                  media_type=got.media_type, text=got.text,
                                  plan_generation=self.plan.generation if self.plan else 0,
                                  generated_unix_ms=int(self.clock() * 1000))
-
-
 
 
 def _lost(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
