@@ -117,6 +117,16 @@ def channel(address: str, tls: TlsConfig, dscp: int | None = CONTROL_DSCP,
         options.append(("grpc.ssl_target_name_override", tls.server_name))
     return grpc.aio.secure_channel(address, creds, options=options)
 
+# How long a call may wait in the server's queue before Python takes it. gRPC cancels one
+# after 30 s by default: at a 10,000-agent start-up the leader's one Python thread took
+# calls slower than they came, and those cancelled (WatchPlan and Report CANCELLED), with
+# the Reports past their own 30 s deadline, came back as retries on top of the queue (a
+# storm: 120-300 s to steady state instead of 30-45 s). Queued, they are taken once, in
+# turn; the queue is bounded by max_pending_requests. As long as an agent's Report deadline
+# (cruxd.agent.uplink.REPORT_TIMEOUT_S).
+QUEUED_CALL_MAX_S = 120
+
+
 def server_options(keepalive_s: float = 10.0) -> list[tuple[str, int]]:
     ms = int(keepalive_s * 1000)
     return [
@@ -124,6 +134,7 @@ def server_options(keepalive_s: float = 10.0) -> list[tuple[str, int]]:
         # gRPC's default queue of 1,000 pending calls and be cancelled
         ("grpc.server.max_pending_requests", 20_000),
         ("grpc.server.max_pending_requests_hard_limit", 40_000),
+        ("grpc.server_max_unrequested_time_in_server", QUEUED_CALL_MAX_S),
         ("grpc.keepalive_time_ms", ms),
         ("grpc.keepalive_timeout_ms", ms // 2),
         ("grpc.http2.ping_timeout_ms", ms // 2),
