@@ -35,6 +35,7 @@ from cruxd.leader.auth import Gate
 from cruxd.leader.fanout import FanOut
 from cruxd.leader.hint_service import LeaderHints
 from cruxd.leader.holds import ReplanHolds
+from cruxd.leader.join_burst import JoinBurst
 from cruxd.leader.persist import LeaderPersistence
 from cruxd.leader.rpcs import LeaderRpcs
 from cruxd.model.topology import Topology
@@ -100,6 +101,7 @@ class Leader(LeaderRpcs, LeaderPersistence):
         # raises when deposed), and save the state (instead of the state file)
         self.fence: Callable[[PublishedPlan], Awaitable[str | None]] | None = None
         self._unheard: set[str] = set()  # HA, just elected: agents yet to report
+        self._joins = JoinBurst()  # many hosts joining at once hold planning
         self._settle_until = 0.0
         self._retrying = False  # HA: plans are failing to be recorded (not_publishing)
         self._planning = False  # a plan is being made (the persister waits)
@@ -272,6 +274,8 @@ class Leader(LeaderRpcs, LeaderPersistence):
             return
         if self._first_event is None:
             self._first_event = time.monotonic()
+        if joined := sum(1 for c in causes if c.startswith("agent joined: ")):
+            self._joins.joined(time.monotonic(), joined)
         self._causes.extend(causes)
         self._wake.set()
 
@@ -300,6 +304,10 @@ class Leader(LeaderRpcs, LeaderPersistence):
                     min(0.2, self._settle_until - now), self._wake.set)
                 continue
             self._unheard.clear()
+            if causes and (hold := self._joins.holding(time.monotonic())):
+                LOG.debug("re-plan waits %.2f s: hosts are joining in a burst", hold)
+                self._held(causes, hold)
+                continue
             if causes and (self._awaiting_job(causes, now)
                            or await self._awaiting_reprobe(causes, now)):
                 continue
