@@ -354,3 +354,23 @@ def test_a_decode_under_way_stops_when_another_candidate_wins(
         await sb.close()
 
     asyncio.run(run())
+
+
+def test_only_another_candidates_new_term_drops_the_decode(tmp_path: Path) -> None:
+    """The first holder a standby sees is who was active when it started (a CI run dropped
+    the decode of its first copy there); a newer term of another candidate is a new
+    leader; this candidate's own win is not a reason to drop the copy it is about to use."""
+    from cruxd.leader.election import Holder
+
+    async def run() -> list[int]:
+        c = _candidate(tmp_path, "l0", ["127.0.0.1:1"])  # never connects: no campaign
+        dropped: list[int] = []
+        c.standby.leader_changed = lambda: dropped.append(len(dropped))  # type: ignore[method-assign]
+        other, me = "127.0.0.1:7471", c.leader.address
+        for holder in (Holder(other, "b", 5), None, Holder(other, "b", 5),
+                       Holder(me, "a", 8), Holder(other, "b", 9), Holder(other, "b", 9)):
+            c._seen(holder)
+        await c.election.client.close()
+        return dropped
+    # only term 9 (another candidate, after term 5 was seen) counts; term 8 was our own
+    assert asyncio.run(run()) == [0]

@@ -40,6 +40,7 @@ class Candidate:
         self._task: asyncio.Task[None] | None = None
         # a decoded copy of the state to resume, kept while standby (cruxd.leader.standby)
         self.standby = Standby(self.election, leader._fresh_state, leader.clock)
+        self._term_seen = 0  # the newest term the campaign has seen held
         leader.role = "standby"
         leader.fence = self._fence
         leader.saver = self._save
@@ -126,10 +127,13 @@ class Candidate:
 
     def _seen(self, holder: Holder | None) -> None:
         """While standby: who is active, for Status and for the refusals' redirect."""
-        address = holder.address if holder else ""
-        if address not in ("", self.leader.active_leader, self.leader.address):
-            self.standby.leader_changed()  # what the old leader saved is history now
-        self.leader.seen_leader(address)
+        if holder is not None and holder.term > self._term_seen:
+            if self._term_seen and holder.address != self.leader.address:
+                # another candidate's new term: what its predecessor saved is history (the
+                # first term seen is only who was active when this standby started)
+                self.standby.leader_changed()
+            self._term_seen = holder.term
+        self.leader.seen_leader(holder.address if holder else "")
 
     async def _fence(self, plan: PublishedPlan) -> str | None:
         """Record the generation with its plan (so a successor resumes exactly it)."""
