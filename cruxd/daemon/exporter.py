@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -120,44 +120,36 @@ def _leader_metrics(leader: Leader) -> Iterator[Metric]:
     yield ages
     yield connected
     yield GaugeMetricFamily("crux_plan_watchers", "Open plan streams", value=leader.watchers)
-    opened = CounterMetricFamily("crux_leader_plan_streams_opened", "Plan streams opened, by "
-                                 "whether this leader's view held the agent's latest report "
-                                 "(current: the agent sends none)", labels=["view"])
-    for view, n in sorted(leader.streams_opened.items()):
-        opened.add_metric([view], n)
-    yield opened
+    yield _counter_by("crux_leader_plan_streams_opened", "Plan streams opened, by whether "
+                      "this leader's view held the agent's latest report (current: the agent "
+                      "sends none)", "view", leader.streams_opened)
     yield CounterMetricFamily("crux_leader_refusals_held", "Standby refusals held until the "
                               "election moved (an agent named the leader it lost)",
                               value=leader.refusals_held)
-    takeovers = CounterMetricFamily("crux_leader_takeovers", "HA terms this candidate began, "
-                                    "by where the state came from (copy: the hot standby's; "
-                                    "decoded: read from etcd at the win)", labels=["source"])
-    for source, n in sorted(leader.takeovers.items()):
-        takeovers.add_metric([source], n)
-    yield takeovers
-    replans = CounterMetricFamily("crux_replans", "Plans that changed some job's decision, "
-                                  "by kind of cause", labels=["cause"])
-    for cause, n in sorted(leader.replans.replans.items()):
-        replans.add_metric([cause], n)
-    yield replans
+    yield _counter_by("crux_leader_takeovers", "HA terms this candidate began, by where the "
+                      "state came from (copy: the hot standby's; decoded: read from etcd at "
+                      "the win)", "source", leader.takeovers)
+    yield _counter_by("crux_replans", "Plans that changed some job's decision, by kind of "
+                      "cause", "cause", leader.replans.replans)
     yield CounterMetricFamily("crux_plans_unchanged", "Plans published that changed no "
                               "job's decision", value=leader.replans.unchanged)
     yield CounterMetricFamily("crux_job_claims_refused", "Parts of jobs left out: a host "
                               "reported a job id with another user's or job key's claim",
                               value=leader.state.claims_refused_total)
-    changes = CounterMetricFamily("crux_job_decision_changes", "Plans that changed the "
-                                  "job's decision (not counting its first)",
-                                  labels=["crux_job"])
-    for job, n in sorted(leader.replans.decision_changes.items()):
-        changes.add_metric([job], n)
-    yield changes
-    busy = CounterMetricFamily("crux_job_tcp_ports_busy",
-                               "TCP connects that got a kernel source port because every "
-                               "decided port of their route was in use, summed over the "
-                               "job's live agents", labels=["crux_job"])
-    for job, n in sorted(ports_busy(leader).items()):
-        busy.add_metric([job], n)
-    yield busy
+    yield _counter_by("crux_job_decision_changes", "Plans that changed the job's decision "
+                      "(not counting its first)", "crux_job", leader.replans.decision_changes)
+    yield _counter_by("crux_job_tcp_ports_busy", "TCP connects that got a kernel source port "
+                      "because every decided port of their route was in use, summed over the "
+                      "job's live agents", "crux_job", ports_busy(leader))
+
+
+def _counter_by(name: str, documentation: str, label: str,
+                counts: Mapping[str, float]) -> CounterMetricFamily:
+    """A counter with one series per key of `counts`, labelled `label`, in key order."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for key, n in sorted(counts.items()):
+        family.add_metric([key], n)
+    return family
 
 
 def _job_figures(leader: Leader, planned: set[str]) -> Iterator[Metric]:
@@ -236,13 +228,9 @@ def _agent_metrics(agent: Agent) -> Iterator[Metric]:
     yield CounterMetricFamily("crux_agent_record_files_skipped",
                               "QP and socket record files refused (hostile or broken)",
                               value=agent.dataplane.skipped_files)
-    busy = CounterMetricFamily("crux_agent_tcp_ports_busy",
-                               "TCP connects of a local job that got a kernel source port "
-                               "because every decided port of their route was in use",
-                               labels=["crux_job"])
-    for job, n in sorted(agent.dataplane.last_busy.items()):
-        busy.add_metric([job], n)
-    yield busy
+    yield _counter_by("crux_agent_tcp_ports_busy", "TCP connects of a local job that got a "
+                      "kernel source port because every decided port of their route was in "
+                      "use", "crux_job", agent.dataplane.last_busy)
 
 
 class Metrics:
