@@ -24,6 +24,7 @@ from cruxd.control.records import (
 
 # Expired agents and jobs stay visible in status this many agent timeouts.
 KEEP_EXPIRED_TIMEOUTS = 10
+AGENT_JOINED = "agent joined"  # the kind of cause a new (or expired) host's report brings
 
 
 @dataclass
@@ -123,7 +124,7 @@ class ClusterState:
         paths = {t.dst_host: t for t in report.paths}
         causes: list[str] = []
         if old is None or old.expired:
-            causes.append(f"agent joined: {host}")
+            causes.append(f"{AGENT_JOINED}: {host}")
         else:
             if old.inventory.nics != report.host.nics:
                 causes.append(f"NICs changed: {host}")

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cruxd.config.model import Config
-from cruxd.control.cluster import ClusterState
+from cruxd.control.cluster import AGENT_JOINED, ClusterState
 from cruxd.control.codec_json import Memo
 from cruxd.control.host_plans import (
     JobMemo,
@@ -29,7 +29,7 @@ from cruxd.control.host_plans import (
     plan_inputs,
 )
 from cruxd.control.plan_delta import carry_changes, changed_hosts
-from cruxd.control.replan_stats import ReplanStats
+from cruxd.control.replan_stats import ReplanStats, cause_kind
 from cruxd.leader import store
 from cruxd.leader.auth import Gate
 from cruxd.leader.fanout import FanOut
@@ -274,8 +274,7 @@ class Leader(LeaderRpcs, LeaderPersistence):
             return
         if self._first_event is None:
             self._first_event = time.monotonic()
-        if joined := sum(1 for c in causes if c.startswith("agent joined: ")):
-            self._joins.joined(time.monotonic(), joined)
+        self._joins.joined(time.monotonic(), sum(cause_kind(c) == AGENT_JOINED for c in causes))
         self._causes.extend(causes)
         self._wake.set()
 
