@@ -15,7 +15,7 @@ import ipaddress
 import logging
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,13 @@ def call_metadata(path: Path | None) -> tuple[tuple[str, str], ...]:
 
 # --- the server's check ----------------------------------------------------------------
 
+def metadata_values(context: grpc.aio.ServicerContext[Any, Any], key: str) -> Iterator[str]:
+    """The text values the caller sent under `key`, in order (binary ones skipped)."""
+    for k, value in context.invocation_metadata() or ():
+        if k == key and isinstance(value, str):
+            yield value
+
+
 def _loopback(listen: str) -> bool:
     host, _ = parse_hostport(listen)
     if host == "localhost":
@@ -135,8 +142,8 @@ class Gate:
         self._on_reject = on_reject
 
     def _token_ok(self, context: grpc.aio.ServicerContext[Any, Any]) -> bool:
-        for key, value in context.invocation_metadata() or ():
-            if key == METADATA_KEY and isinstance(value, str) and value.startswith(_SCHEME):
+        for value in metadata_values(context, METADATA_KEY):
+            if value.startswith(_SCHEME):
                 return hmac.compare_digest(value[len(_SCHEME):].encode(), self.token.encode())
         return False
 

@@ -19,7 +19,14 @@ from cruxd.control.cluster import ClusterState
 from cruxd.control.replan_stats import ReplanStats
 from cruxd.control.validate import InvalidMessage, check_host_id, check_report
 from cruxd.hints.formats import FORMATS
-from cruxd.leader.auth import LEADER_TRAILER, LOST_METADATA, VIEW_CURRENT, VIEW_METADATA, Gate
+from cruxd.leader.auth import (
+    LEADER_TRAILER,
+    LOST_METADATA,
+    VIEW_CURRENT,
+    VIEW_METADATA,
+    Gate,
+    metadata_values,
+)
 from cruxd.leader.status import cluster_status
 from cruxd.rpc import convert
 from cruxd.rpc.gen.crux.v1 import common_pb2 as cpb
@@ -221,7 +228,5 @@ class LeaderRpcs(lgrpc.LeaderServicer):
 
 def _lost(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     """The leader the caller says it lost (LOST_METADATA), if it names one sanely."""
-    for key, value in context.invocation_metadata() or ():
-        if key == LOST_METADATA and isinstance(value, str) and 0 < len(value) <= MAX_ADDRESS:
-            return value
-    return None
+    return next((v for v in metadata_values(context, LOST_METADATA)
+                 if 0 < len(v) <= MAX_ADDRESS), None)
