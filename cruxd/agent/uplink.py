@@ -46,9 +46,9 @@ RPC_TIMEOUT_S = 5.0  # Status, GetPlan: a person waits
 # cluster-wide start): the leader answers about 1,500 a second, and a deadline it cannot
 # meet turns the queue into a retry storm. Liveness does not hang on it (the plan stream
 # does), so it can wait. At 30 s, a 10,000-agent start-up whose first Reports drained in
-# 20-37 s tipped into a storm in 3 of 4 runs on a 2-core box: the leader keeps a queued
-# call as long (QUEUED_CALL_MAX_S in cruxd/rpc/tls.py).
-REPORT_TIMEOUT_S = 120.0
+# 20-37 s tipped into a storm in 3 of 4 runs on a 2-core box. As long as the leader keeps
+# a call queued (120 s), so that a queued Report is neither cancelled nor abandoned first.
+REPORT_TIMEOUT_S = float(tls.QUEUED_CALL_MAX_S)
 # Reports owed because a plan stream ended or a new one opened go this much apart, at
 # random: every agent sees a leader fail at the same instant
 REPORT_JITTER_S = 1.0

@@ -122,8 +122,8 @@ def channel(address: str, tls: TlsConfig, dscp: int | None = CONTROL_DSCP,
 # calls slower than they came, and those cancelled (WatchPlan and Report CANCELLED), with
 # the Reports past their own 30 s deadline, came back as retries on top of the queue (a
 # storm: 120-300 s to steady state instead of 30-45 s). Queued, they are taken once, in
-# turn; the queue is bounded by max_pending_requests. As long as an agent's Report deadline
-# (cruxd.agent.uplink.REPORT_TIMEOUT_S).
+# turn; the queue is bounded by max_pending_requests. An agent's Report deadline is the
+# same (cruxd.agent.uplink.REPORT_TIMEOUT_S).
 QUEUED_CALL_MAX_S = 120
 
 
