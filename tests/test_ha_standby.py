@@ -224,6 +224,29 @@ def _standby(el: FakeElection) -> standby.Standby:
     return standby.Standby(el, lambda: ClusterState(30.0, 0.1, 0.0), time.time)  # type: ignore[arg-type]
 
 
+class _Decodes:
+    """store.from_document, watched: how many decodes started, and how each ended
+    ("done", or "stopped" when the standby dropped it), each taking `delay_s` longer."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, delay_s: float = 0.0) -> None:
+        self.started = 0
+        self.ends: list[str] = []
+        real = store.from_document
+
+        def watched(*args: object) -> PublishedPlan | None:
+            self.started += 1
+            time.sleep(delay_s)
+            try:
+                got = real(*args)  # type: ignore[arg-type]
+            except store.Stopped:
+                self.ends.append("stopped")
+                raise
+            self.ends.append("done")
+            return got
+
+        monkeypatch.setattr(store, "from_document", watched)
+
+
 def test_an_unreadable_state_is_not_resumed_and_the_standby_carries_on(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(standby, "STANDBY_REFRESH_S", 0.02)
@@ -253,18 +276,7 @@ def test_a_decode_under_way_at_the_win(monkeypatch: pytest.MonkeyPatch) -> None:
     """The old leader saved just before it died: the decode of that save, started while
     standby, is waited for rather than started again; one of an older save keeps nothing."""
     monkeypatch.setattr(standby, "STANDBY_REFRESH_S", 0.02)
-    real = store.from_document
-    stopped: list[bool] = []
-
-    def slow(*args: object) -> PublishedPlan | None:
-        time.sleep(0.3)
-        try:
-            return real(*args)  # type: ignore[arg-type]
-        except store.Stopped:
-            stopped.append(True)
-            raise
-
-    monkeypatch.setattr(store, "from_document", slow)
+    decodes = _Decodes(monkeypatch, delay_s=0.3)
     el = FakeElection()
     el.put(generation=str(GENERATION), plan=_plan(), state=_view(2))
 
@@ -282,8 +294,9 @@ def test_a_decode_under_way_at_the_win(monkeypatch: pytest.MonkeyPatch) -> None:
         assert sb._thread is not None
         await sb._thread
         assert decode is not None and decode.take() is None  # nothing kept either way
-        assert stopped == ([True] if changed else [])  # one not wanted stops at once
-        stopped.clear()
+        # one not wanted stops at once
+        assert decodes.ends.count("stopped") == (1 if changed else 0)
+        decodes.ends.clear()
 
     asyncio.run(run(changed=False))
     asyncio.run(run(changed=True))
@@ -294,14 +307,7 @@ def test_a_settling_state_is_decoded_once_it_holds(monkeypatch: pytest.MonkeyPat
     decoded at each save: only once it has held for STANDBY_SETTLE_S."""
     monkeypatch.setattr(standby, "STANDBY_REFRESH_S", 0.02)
     monkeypatch.setattr(standby, "STANDBY_SETTLE_S", 0.3)
-    decodes: list[int] = []
-    real = store.from_document
-
-    def counted(*args: object) -> PublishedPlan | None:
-        decodes.append(1)
-        return real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(store, "from_document", counted)
+    decodes = _Decodes(monkeypatch)
     el = FakeElection()
     el.put(generation=str(GENERATION), plan=_plan(), state=_view(2))
 
@@ -311,9 +317,9 @@ def test_a_settling_state_is_decoded_once_it_holds(monkeypatch: pytest.MonkeyPat
         for n in range(2, 8):  # a save every 0.1 s: never held 0.3 s
             el.put(state=_view(2 + n % 2))
             await asyncio.sleep(0.1)
-        assert decodes == [] and sb._copy is None
+        assert decodes.started == 0 and sb._copy is None
         await _until("a copy once the state held", lambda: sb._copy is not None)
-        assert len(decodes) == 1
+        assert decodes.started == 1
         await sb.close()
 
     asyncio.run(run())
@@ -326,20 +332,7 @@ def test_a_decode_under_way_stops_when_another_candidate_wins(
     taking a core from the failover, and the same revisions are decoded again later if
     the winner saves nothing new."""
     monkeypatch.setattr(standby, "STANDBY_REFRESH_S", 0.02)
-    real = store.from_document
-    runs: list[str] = []
-
-    def slow(*args: object) -> PublishedPlan | None:
-        time.sleep(0.3)
-        try:
-            got = real(*args)  # type: ignore[arg-type]
-        except store.Stopped:
-            runs.append("stopped")
-            raise
-        runs.append("done")
-        return got
-
-    monkeypatch.setattr(store, "from_document", slow)
+    decodes = _Decodes(monkeypatch, delay_s=0.3)
     el = FakeElection()
     el.put(generation=str(GENERATION), plan=_plan(), state=_view(2))
 
@@ -348,9 +341,9 @@ def test_a_decode_under_way_stops_when_another_candidate_wins(
         sb.start()
         await _until("a decode", lambda: sb._thread is not None and not sb._thread.done())
         sb.leader_changed()
-        await _until("the decode stopped", lambda: "stopped" in runs)
+        await _until("the decode stopped", lambda: "stopped" in decodes.ends)
         await _until("decoded again, whole", lambda: sb._copy is not None)
-        assert runs == ["stopped", "done"]
+        assert decodes.ends == ["stopped", "done"]
         await sb.close()
 
     asyncio.run(run())
