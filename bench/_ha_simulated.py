@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 import threading
@@ -31,6 +32,11 @@ from _leader_rig import STATUS_MAX_BYTES
 from _real_rig import RealBench, worker_ranges
 
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
+
+# the winner's log line (cruxd.leader.ha): how long the takeover read and rebuilt the
+# state, and whether from the standby's copy or decoded then
+TAKEOVER = re.compile(r"state read in (?P<read>[\d.]+) s, rebuilt in (?P<rebuilt>[\d.]+) s, "
+                      r"(?P<source>[^)]*)\)")
 from cruxd.testing import wait_for
 from cruxd.testing.ha_rig import HaRig
 
@@ -94,7 +100,8 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
            "old_term": term, "new_term": after.term, "generation_before": gen,
            "generation_after": after.plan_generation, "steady_s": time.monotonic() - t0,
            "leader_rss_mb": rss, "errors": b.errors_since(errs0),
-           "cpu_pct": {k: 100 * v / window for k, v in cpu.items()}, "window_s": window}
+           "cpu_pct": {k: 100 * v / window for k, v in cpu.items()}, "window_s": window,
+           "takeover": "?"}
     print(f"    ... CPU from the kill until every agent followed ({window:.1f} s), % of one "
           f"core (the box has 2): " + ", ".join(f"{k} {v:.0f} %" for k, v in
                                                 row["cpu_pct"].items()), file=sys.stderr)
@@ -103,6 +110,9 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
     for d in others:
         for line in d.log_text()[offsets[d.name]:].splitlines()[:12]:
             print(f"      {d.name}: {line}", file=sys.stderr)
+            if m := TAKEOVER.search(line):
+                row["takeover"] = (f"{m['read']}+{m['rebuilt']} s, "
+                                   + ("copy" if "copy" in m["source"] else "decoded"))
     active.start()  # back as a standby for the next round
     wait_for("the killed leader back as a standby",
              lambda: (s := rig.status(active)) is not None and s.ha_role == "standby", 60)

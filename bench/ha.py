@@ -139,10 +139,11 @@ def simulated(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     preamble()
-    print(table(["kill", "new leader active", "first agent", "median agent", "p99 agent",
-                 "every agent", "target", "steady again", "generation",
+    print(table(["kill", "new leader active", "takeover (read+rebuilt)", "first agent",
+                 "median agent", "p99 agent", "every agent", "target", "steady again",
+                 "generation",
                  "CPU until every agent followed", "failed RPCs"], [
-        [str(i + 1), f"{r['elected_s']:.2f} s", f"{r['first_s']:.2f} s",
+        [str(i + 1), f"{r['elected_s']:.2f} s", r["takeover"], f"{r['first_s']:.2f} s",
          f"{r['median_s']:.2f} s", f"{r['p99_s']:.2f} s",
          f"{r['all_s']:.2f} s", "10 s: " + ("met" if r["all_s"] <= 10 else "NOT met"),
          f"{r['steady_s']:.1f} s", f"{r['generation_before']} -> {r['generation_after']}",

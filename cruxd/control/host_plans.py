@@ -95,10 +95,14 @@ class PublishedPlan:
                     for h in dict.fromkeys(j.hosts):
                         self._by_host.setdefault(h, []).append(j)
             jobs = tuple(j.for_host(host) for j in self._by_host.get(host, ()))
-            hp = self._per_host[host] = HostPlan(self.generation, host, self.planned_unix_ms,
-                                                 self.levels, jobs, self.reprobe.get(host, ()),
-                                                 self.term, path_selection=self.path_selection)
+            hp = self._per_host[host] = self.envelope(host, jobs)
         return hp
+
+    def envelope(self, host: str, jobs: tuple[JobAssignment, ...] = ()) -> HostPlan:
+        """`host`'s message with `jobs` (none: what it shares with no decision)."""
+        return HostPlan(self.generation, host, self.planned_unix_ms, self.levels, jobs,
+                        self.reprobe.get(host, ()), self.term,
+                        path_selection=self.path_selection)
 
     def unchanged_since(self, host: str, have: int) -> bool:
         """Whether `host`'s decisions are the same as at generation `have`."""

@@ -27,6 +27,7 @@ from typing import Any
 from cruxd.config.model import LeaderConfig
 from cruxd.leader.campaign import Campaign
 from cruxd.leader.etcd import ClientError, EtcdClient
+from cruxd.leader.gc_pause import gc_paused
 from cruxd.leader.lease import LeaseKeeper, in_own_thread
 from cruxd.leader.store import FORMAT
 
@@ -164,7 +165,8 @@ def resumed(gen_kv: Any, plan_kv: Any, state_kv: Any) -> tuple[int, dict[str, An
         except ValueError:
             LOG.error("%s is not a generation (%r...); starting from 0",
                       gen_kv.key.decode(errors="replace"), gen_kv.value[:32])
-    view, plan = (_decoded(kv) for kv in (state_kv, plan_kv))
+    with gc_paused():
+        view, plan = _decoded(state_kv), _decoded(plan_kv)
     if view is None and plan is None:
         return generation, None
     return generation, {**(view or {"format": FORMAT, "agents": {}, "jobs": {}}),
