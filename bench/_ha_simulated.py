@@ -32,13 +32,13 @@ from _leader_rig import STATUS_MAX_BYTES
 from _real_rig import RealBench, worker_ranges
 
 from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
+from cruxd.testing import wait_for
+from cruxd.testing.ha_rig import HaRig
 
 # the winner's log line (cruxd.leader.ha): how long the takeover read and rebuilt the
 # state, and whether from the standby's copy or decoded then
 TAKEOVER = re.compile(r"state read in (?P<read>[\d.]+) s, rebuilt in (?P<rebuilt>[\d.]+) s, "
                       r"(?P<source>[^)]*)\)")
-from cruxd.testing import wait_for
-from cruxd.testing.ha_rig import HaRig
 
 
 def _point_at(b: RealBench, rig: HaRig, name: str) -> None:
