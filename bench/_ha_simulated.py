@@ -115,7 +115,8 @@ def one_kill(b: RealBench, rig: HaRig, timeout_s: float) -> dict[str, Any]:
                                    + ("copy" if "copy" in m["source"] else "decoded"))
     active.start()  # back as a standby for the next round
     wait_for("the killed leader back as a standby",
-             lambda: (s := rig.status(active)) is not None and s.ha_role == "standby", 60)
+             lambda: (s := rig.status(active, brief=True)) is not None
+             and s.ha_role == "standby", 60)
     return row
 
 

@@ -60,7 +60,7 @@ def one_kill(rig: HaRig, jobs: int) -> dict[str, object]:
     wait_for("every agent to follow", lambda: len(rig.followers_of(new)) == len(rig.agents),
              30, every=0.05)
     t_followed = time.monotonic()
-    s = rig.status(new)
+    s = rig.status(new, brief=True)
     assert active.proc is not None
     active.proc.wait()
     active.proc = None
@@ -69,7 +69,8 @@ def one_kill(rig: HaRig, jobs: int) -> dict[str, object]:
            "tables_unchanged": rig.tables() == tables}
     active.start()  # back as a standby for the next round
     wait_for("the killed leader back as a standby",
-             lambda: (st := rig.status(active)) is not None and st.ha_role == "standby", 30)
+             lambda: (st := rig.status(active, brief=True)) is not None
+             and st.ha_role == "standby", 30)
     return row
 
 

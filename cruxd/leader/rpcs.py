@@ -191,7 +191,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
     async def Status(self, request: lpb.StatusRequest,
                      context: grpc.aio.ServicerContext[Any, Any]) -> cpb.ClusterStatus:
         await self.gate.check(context, "Status")
-        return cluster_status(self, socket.gethostname())
+        return cluster_status(self, socket.gethostname(), request.brief)
 
     async def GetPlan(self, request: lpb.PlanRequest,
                       context: grpc.aio.ServicerContext[Any, Any]) -> cpb.PlanDocument:

@@ -25,7 +25,8 @@ def _fabric_levels(out: cpb.ClusterStatus, lc: LeaderConfig) -> None:
                              for d in level_dscp(lc.levels, lc.dscp))
 
 
-def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
+def cluster_status(leader: LeaderView, hostname: str, brief: bool = False) -> cpb.ClusterStatus:
+    """`brief`: the leader's own fields only (StatusRequest.brief)."""
     now = leader.clock()
     st = leader.state
     out = cpb.ClusterStatus(schema=convert.SCHEMA, leader_host=hostname,
@@ -37,6 +38,9 @@ def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
                             path_selection=leader.config.leader.path_selection)
     _fabric_levels(out, leader.config.leader)
     out.claims_refused_total = st.claims_refused_total
+    if brief:
+        _plan_fields(out, leader)
+        return out
     out.refused_claims.extend(cpb.RefusedClaim(job_id=jid, host_id=r.host, reason=r.reason)
                               for jid, parts in sorted(st.refused.items()) for r in parts)
     for host, rec in sorted(st.agents.items()):
@@ -71,6 +75,12 @@ def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
         if jid in merged:
             msg.measurement.CopyFrom(convert.measurement_to_pb(merged[jid]))
         out.jobs.append(msg)
+    _plan_fields(out, leader)
+    return out
+
+
+def _plan_fields(out: cpb.ClusterStatus, leader: LeaderView) -> None:
+    plan = leader.plan
     if plan is not None:
         out.plan_generation = plan.generation
         out.planned_unix_ms = plan.planned_unix_ms
@@ -79,7 +89,6 @@ def cluster_status(leader: LeaderView, hostname: str) -> cpb.ClusterStatus:
         out.topology = plan.topology
     out.replans.update(leader.replans.replans)
     out.plans_unchanged = leader.replans.unchanged
-    return out
 
 
 def ports_busy(leader: LeaderView) -> dict[str, int]:
