@@ -91,9 +91,12 @@ def test_the_refusal_waits_for_the_election_and_names_the_winner(tmp_path: Path)
             call = asyncio.create_task(_refusal(_watch(stub, DEAD)()))
             await asyncio.sleep(0.5)
             held = not call.done()
+            # an agent waits here: this standby's campaign hurries (cruxd.leader.campaign)
+            assert leader.refusals_holding == 1
             leader.seen_leader(NEXT)  # what the campaign thread reports on the new holder
             got = await asyncio.wait_for(call, 2.0)
             assert leader.refusals_held == 1  # crux_leader_refusals_held_total
+            assert leader.refusals_holding == 0
             return held, got
     held, got = asyncio.run(run())
     assert held, "the refusal went before the election moved"

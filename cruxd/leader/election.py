@@ -80,9 +80,11 @@ class Election:
             self.error = msg
             self.on_error(msg)
 
-    async def win(self, poll_s: float, seen: Callable[[Holder | None], None]) -> int:
+    async def win(self, poll_s: float, seen: Callable[[Holder | None], None],
+                  waited_on: Callable[[], bool] = lambda: True) -> int:
         """Campaign until this candidate holds the key; its term. `seen` hears who holds
-        it meanwhile (None: nobody). The campaign runs in a thread (cruxd.leader.campaign),
+        it meanwhile (None: nobody); `waited_on` says whether agents wait on this
+        candidate (Campaign.run). The campaign runs in a thread (cruxd.leader.campaign),
         off a standby's loop that may be busy refusing thousands of agents."""
         loop = asyncio.get_running_loop()
         stop = threading.Event()
@@ -95,7 +97,7 @@ class Election:
             got = await in_own_thread(lambda: campaign.run(
                 self.lease, poll_s, stop, heard,
                 lambda why: loop.call_soon_threadsafe(self._failed, "campaign", why),
-                lambda: loop.call_soon_threadsafe(self._ok)), "etcd-campaign", stop)
+                lambda: loop.call_soon_threadsafe(self._ok), waited_on), "etcd-campaign", stop)
         finally:
             self.lease = campaign.lease or self.lease  # resign() revokes it
         assert got is not None  # only a stop ends the campaign without a win

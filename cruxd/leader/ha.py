@@ -77,7 +77,9 @@ class Candidate:
         """One campaign, and the term it wins, until it ends."""
         leader, el = self.leader, self.election
         self.standby.start()
-        term = await el.win(POLL_S, self._seen)
+        # agents that lost their leader and wait on this standby: it tries for the key
+        # first (cruxd.leader.campaign), so they need not be sent on to another
+        term = await el.win(POLL_S, self._seen, lambda: leader.refusals_holding > 0)
         won = time.monotonic()
         LOG.info("won the election, term %d; reading the state from etcd", term)
         # the lease is kept from here on: reading and rebuilding the state of 10,000 hosts

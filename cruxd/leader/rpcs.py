@@ -72,6 +72,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
     _moved: asyncio.Event  # pulsed when the election moves (Leader.seen_leader)
     streams_opened: dict[str, int]
     refusals_held: int
+    refusals_holding: int  # held now: agents wait on this standby (its campaign hurries)
     _task: asyncio.Task[None] | None
 
     def _event(self, *causes: str) -> None:
@@ -110,11 +111,15 @@ class LeaderRpcs(lgrpc.LeaderServicer):
         waiting = (lost, "", self.address)
         if lost is not None and self.active_leader in waiting:
             self.refusals_held += 1
+            self.refusals_holding += 1
             loop = asyncio.get_running_loop()
             end = loop.time() + self.config.leader.etcd_lease_s + 1.0
-            while (self.role == "standby" and self.active_leader in waiting
-                   and (left := end - loop.time()) > 0):
-                await wait_event(self._moved, left)
+            try:
+                while (self.role == "standby" and self.active_leader in waiting
+                       and (left := end - loop.time()) > 0):
+                    await wait_event(self._moved, left)
+            finally:
+                self.refusals_holding -= 1
             if self.role != "standby":
                 return
         active = self.active_leader

@@ -94,7 +94,7 @@ class Leader(LeaderRpcs, LeaderPersistence):
         # the agent's latest report (none owed) or not; refusals held for an election;
         # HA terms begun from the standby's copy or by decoding etcd's state
         self.streams_opened = {"current": 0, "stale": 0}
-        self.refusals_held = 0
+        self.refusals_held = self.refusals_holding = 0
         self.takeovers = {"copy": 0, "decoded": 0}
         self.not_publishing = ""  # why plans are not going out (etcd unreachable, ...)
         # HA: record the generation before publishing (None: recorded, else why not;
