@@ -84,6 +84,7 @@ class FakeAgent:
     # recent plan streams opened after one ended: (first message's time, at, view current)
     streams: list[tuple[float, int, bool]] = field(default_factory=list)
     lost: str = ""  # the leader address a call just found no one at (as the real agent's)
+    report_at: int = 0  # the address the latest report went to
 
     def md(self) -> tuple[tuple[str, str], ...]:
         """A call's metadata: the token, and the leader lost (cruxd.leader.auth)."""
@@ -111,6 +112,7 @@ class FakeAgent:
 
         start = time.monotonic()
         pb = self.report_pb()
+        self.report_at = self.at
         try:
             await self.stub.Report(pb, timeout=REPORT_TIMEOUT_S, metadata=self.md())
         except grpc.aio.AioRpcError as exc:
@@ -186,15 +188,19 @@ class Worker:
             got = self._channels[key] = ch, lgrpc.LeaderStub(ch)  # type: ignore[no-untyped-call]
         a.channel, a.stub = got
 
-    def _follow(self, a: FakeAgent, exc: Any) -> bool:
-        """After a failed Report (as the real agent, which follows on its reports): a
-        standby's named leader (True), else, with several candidates, the next one."""
+    def _follow(self, a: FakeAgent, exc: Any, at: int) -> bool:
+        """After a failed call to address `at`: a standby's named leader (True), else,
+        with several candidates, the next one. Once per failure of the leader, as the real
+        agent moves once though its stream and its report both fail: where one of them
+        moved the agent already, the other follows it (True)."""
         import grpc
 
         from cruxd.leader.auth import LEADER_TRAILER
 
         if len(self.addresses) < 2 or exc.code() == grpc.StatusCode.CANCELLED:
             return False  # cancelled: not the leader's answer
+        if at != a.at:
+            return True
         named = dict(exc.trailing_metadata() or ()).get(LEADER_TRAILER)
         if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and named in self.addresses:
             if self.addresses.index(named) == a.at:
@@ -225,6 +231,7 @@ class Worker:
         # the real agent's schedule; with several candidates (HA), at most 1 s apart
         backoff = Backoff(30.0 if len(self.addresses) < 2 else 1.0)
         while True:
+            at = a.at
             call = a.stub.WatchPlan(lpb.WatchRequest(
                 host_id=host_id(a.index), have_generation=a.generation,
                 incarnation=a.incarnation, report_seq=a.acked_seq), metadata=a.md())
@@ -247,7 +254,7 @@ class Worker:
             except grpc.aio.AioRpcError as exc:
                 a.fail(f"WatchPlan {exc.code().name}")
                 # the stream finds where the leader went, as the real agent's does
-                if self._follow(a, exc):
+                if self._follow(a, exc, at):
                     a.stream_ended = True
                     backoff.reset()
                     continue
@@ -267,7 +274,7 @@ class Worker:
                 backoff.reset()
                 wait = self.interval_s * (random.uniform(0.0, 1.0) if first else 1.0)
                 first = False
-            elif self._follow(a, a.last_error):
+            elif self._follow(a, a.last_error, a.report_at):
                 backoff.reset()
                 wait = 0.0
             else:
