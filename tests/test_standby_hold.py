@@ -129,3 +129,21 @@ def test_a_standby_that_wins_meanwhile_takes_the_held_call(tmp_path: Path) -> No
     assert held
     # served by this leader, not refused: it has no plan yet, and says so
     assert got == (grpc.StatusCode.UNAVAILABLE, "")
+
+
+def test_a_call_held_while_this_standby_reads_the_state_it_won_is_served(
+        tmp_path: Path) -> None:
+    """Won (the campaign names this candidate) and still reading the state to resume,
+    past a lease and a second: the held call waits for the takeover and is served."""
+    async def run() -> tuple[bool, Any]:
+        async with _standby(tmp_path, lease_s=2) as (leader, stub):
+            leader.active_leader = leader.address
+            call = asyncio.create_task(_refusal(stub.GetPlan(
+                lpb.PlanRequest(), metadata=((LOST_METADATA, DEAD),))))
+            await asyncio.sleep(2.0 + 1.0 + 0.5)  # the lease, the second, and some
+            held = not call.done()
+            leader.activate(9, 0, None, "test")
+            return held, await asyncio.wait_for(call, 2.0)
+    held, got = asyncio.run(run())
+    assert held, "refused while this candidate was reading the state it won"
+    assert got == (grpc.StatusCode.UNAVAILABLE, "")  # served: no plan yet
