@@ -11,7 +11,9 @@ from grpc.aio import AioRpcError, Metadata
 
 from cruxd.agent.uplink import LeaderLink
 from cruxd.config.model import TlsConfig
-from cruxd.control.records import AgentReport
+from cruxd.control.records import AgentReport, HostInventory
+from cruxd.rpc.gen.crux.v1 import leader_pb2 as lpb
+from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
 
 NO_TLS = TlsConfig(None, None, None, None)
 
@@ -139,3 +141,59 @@ def test_the_channel_reconnects_as_often_as_the_link_retries(monkeypatch: Any) -
     assert made == [1.0, 7.0]
     assert dict(tls.reconnect_options(7.0)) == {"grpc.initial_reconnect_backoff_ms": 1000,
                                                  "grpc.max_reconnect_backoff_ms": 7000}
+
+
+class _Leader(lgrpc.LeaderServicer):
+    """A leader on loopback whose Report holds the call (`hold`) or records it; its plan
+    stream stays open and silent."""
+
+    def __init__(self, hold: bool) -> None:
+        self.hold, self.reports = hold, 0
+        self.server = grpc.aio.server()
+        lgrpc.add_LeaderServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+
+    async def Report(self, request: Any, context: Any) -> Any:
+        self.reports += 1
+        if self.hold:
+            await asyncio.sleep(60)
+        return lpb.ReportAck()
+
+    async def WatchPlan(self, request: Any, context: Any) -> None:
+        await asyncio.sleep(60)
+
+
+def test_a_report_in_flight_when_the_link_moves_is_sent_to_the_new_leader() -> None:
+    """The plan stream moves the link (a redirect) while a report waits at the old leader
+    (a standby holding it): closing the old channel cancels that call, and the report goes
+    to the new leader. The cancel came as asyncio.CancelledError and ended the report loop:
+    that host never reported again."""
+    async def run() -> tuple[int, int, bool]:
+        old, new = _Leader(hold=True), _Leader(hold=False)
+        for s in (old, new):
+            await s.server.start()
+        link = LeaderLink(old.address, NO_TLS, "h0",
+                          lambda: AgentReport(HostInventory("h0", "1.0", 8)),
+                          lambda hp: True, 30.0, 1.0, lambda: 0, fallback=(new.address,))
+        await link.start()
+        try:
+            for _ in range(100):
+                if old.reports:
+                    break
+                await asyncio.sleep(0.05)
+            link._connect(new.address)  # what a redirect of the stream does
+            for _ in range(100):
+                if new.reports:
+                    break
+                await asyncio.sleep(0.05)
+            alive = all(not t.done() for t in link._tasks)
+        finally:
+            await link.stop()
+            for s in (old, new):
+                await s.server.stop(None)
+        return old.reports, new.reports, alive
+
+    old_reports, new_reports, alive = asyncio.run(run())
+    assert old_reports == 1
+    assert new_reports >= 1, "the report held at the old leader was not sent again"
+    assert alive

@@ -291,6 +291,15 @@ class LeaderLink:
                     wait = 0.0
                 else:  # with etcd to ask, ask often: the new leader may be elected now
                     wait = min(backoff.next(), 1.0) if self._resolve else backoff.next()
+            except asyncio.CancelledError:
+                # the call's channel was closed under it (the plan stream moved the link to
+                # another leader): report there. gRPC raises this, not an AioRpcError, and
+                # it ended the loop: that host never reported again (bench/ha.py, 4 agents)
+                task = asyncio.current_task()
+                if self._stop.is_set() or (task is not None and task.cancelling()):
+                    raise
+                LOG.debug("report %d cancelled: its leader's channel closed", self._seq)
+                wait = 0.0
             await wait_event(self._poke, wait)
 
     async def _watch_loop(self) -> None:
