@@ -162,6 +162,9 @@ class _Leader(lgrpc.LeaderServicer):
     async def WatchPlan(self, request: Any, context: Any) -> None:
         await asyncio.sleep(60)
 
+    async def Status(self, request: Any, context: Any) -> Any:
+        await asyncio.sleep(60)
+
 
 def test_a_report_in_flight_when_the_link_moves_is_sent_to_the_new_leader() -> None:
     """The plan stream moves the link (a redirect) while a report waits at the old leader
@@ -197,3 +200,24 @@ def test_a_report_in_flight_when_the_link_moves_is_sent_to_the_new_leader() -> N
     assert old_reports == 1
     assert new_reports >= 1, "the report held at the old leader was not sent again"
     assert alive
+
+
+def test_a_status_read_cut_by_the_link_moving_is_an_error_for_cruxctl() -> None:
+    async def run() -> tuple[object, str]:
+        old, new = _Leader(hold=True), _Leader(hold=False)
+        for s in (old, new):
+            await s.server.start()
+        link = LeaderLink(old.address, NO_TLS, "h0",
+                          lambda: AgentReport(HostInventory("h0", "1.0", 8)),
+                          lambda hp: True, 30.0, 1.0, lambda: 0, fallback=(new.address,))
+        link._connect(old.address)
+        try:
+            read = asyncio.create_task(link.cluster_status())
+            await asyncio.sleep(0.3)
+            link._connect(new.address)
+            return await asyncio.wait_for(read, 5.0)
+        finally:
+            await link.stop()
+            for s in (old, new):
+                await s.server.stop(None)
+    assert asyncio.run(run()) == (None, "CANCELLED: the link moved to another leader")

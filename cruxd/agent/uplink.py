@@ -21,7 +21,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -41,6 +41,7 @@ from cruxd.rpc.gen.crux.v1 import leader_pb2_grpc as lgrpc
 from cruxd.waits import wait_event, within
 
 LOG = logging.getLogger(__name__)
+T = TypeVar("T")
 RPC_TIMEOUT_S = 5.0  # Status, GetPlan: a person waits
 # A Report may queue behind 10,000 others when every agent reports at once (a failover, a
 # cluster-wide start): the leader answers about 1,500 a second, and a deadline it cannot
@@ -364,25 +365,31 @@ class LeaderLink:
             return
         self._poke_later()
 
-    async def cluster_status(self) -> tuple[cpb.ClusterStatus | None, str]:
+    async def _read(self, call: Awaitable[T]) -> tuple[T | None, str, str]:
+        """A read for cruxctl through this link: (answer, error, gRPC status name). A call
+        whose channel closed under it (the link moved to another leader) is an error too,
+        not a cancel of the caller."""
         try:
-            return await self._stub.Status(lpb.StatusRequest(), timeout=2.0,
-                                           metadata=self._auth()), ""
+            return await call, "", ""
         except grpc.aio.AioRpcError as exc:
-            return None, f"{exc.code().name}: {exc.details()}"
+            return None, f"{exc.code().name}: {exc.details()}", exc.code().name
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return None, "CANCELLED: the link moved to another leader", "CANCELLED"
+
+    async def cluster_status(self) -> tuple[cpb.ClusterStatus | None, str]:
+        doc, error, _ = await self._read(self._stub.Status(
+            lpb.StatusRequest(), timeout=2.0, metadata=self._auth()))
+        return doc, error
 
     async def plan_document(self) -> tuple[cpb.PlanDocument | None, str]:
-        try:
-            return await self._stub.GetPlan(lpb.PlanRequest(), timeout=5.0,
-                                            metadata=self._auth()), ""
-        except grpc.aio.AioRpcError as exc:
-            return None, f"{exc.code().name}: {exc.details()}"
+        doc, error, _ = await self._read(self._stub.GetPlan(
+            lpb.PlanRequest(), timeout=5.0, metadata=self._auth()))
+        return doc, error
 
     async def hints(self, fmt: str) -> tuple[cpb.HintsDocument | None, str, str]:
         """(document, error, gRPC status name of the error)."""
-        try:
-            doc = await self._stub.GetHints(cpb.HintsRequest(format=fmt), timeout=10.0,
-                                            metadata=self._auth())
-            return doc, "", ""
-        except grpc.aio.AioRpcError as exc:
-            return None, f"{exc.code().name}: {exc.details()}", exc.code().name
+        return await self._read(self._stub.GetHints(
+            cpb.HintsRequest(format=fmt), timeout=10.0, metadata=self._auth()))
