@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from hypothesis import given, settings
@@ -93,17 +95,18 @@ def test_a_route_out_of_range_is_refused_where_the_document_is_read() -> None:
                                                               hosts=("h0",)),)))
 
 
-@pytest.fixture
-def collector_on() -> object:
+@contextmanager
+def _collector_on() -> Iterator[None]:
     was = gc.isenabled()
     gc.enable()
-    yield
-    if not was:
-        gc.disable()
+    try:
+        yield
+    finally:
+        if not was:
+            gc.disable()
 
 
-def test_the_collector_runs_again_when_the_last_overlapping_decode_ends(
-        collector_on: object) -> None:
+def test_the_collector_runs_again_when_the_last_overlapping_decode_ends() -> None:
     inside, release = threading.Event(), threading.Event()
 
     def other_decode() -> None:
@@ -112,22 +115,24 @@ def test_the_collector_runs_again_when_the_last_overlapping_decode_ends(
             release.wait(10)
 
     t = threading.Thread(target=other_decode)
-    with gc_paused():
+    with _collector_on():
+        with gc_paused():
+            assert not gc.isenabled()
+            t.start()
+            assert inside.wait(10)
+        assert not gc.isenabled()  # the other thread's decode is still under way
+        release.set()
+        t.join(10)
+        assert gc.isenabled()
+
+
+def test_a_collector_that_was_off_stays_off() -> None:
+    with _collector_on():
+        gc.disable()
+        with gc_paused():
+            pass
         assert not gc.isenabled()
-        t.start()
-        assert inside.wait(10)
-    assert not gc.isenabled()  # the other thread's decode is still under way
-    release.set()
-    t.join(10)
-    assert gc.isenabled()
-
-
-def test_a_collector_that_was_off_stays_off(collector_on: object) -> None:
-    gc.disable()
-    with gc_paused():
-        pass
-    assert not gc.isenabled()
-    gc.enable()
-    with pytest.raises(RuntimeError), gc_paused():
-        raise RuntimeError("a decode that fails")
-    assert gc.isenabled()
+        gc.enable()
+        with pytest.raises(RuntimeError), gc_paused():
+            raise RuntimeError("a decode that fails")
+        assert gc.isenabled()
