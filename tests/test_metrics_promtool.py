@@ -59,7 +59,7 @@ def _stand_ins(metrics: Metrics) -> None:
             live_agents=lambda: {"h0": SimpleNamespace(jobs={"j": SimpleNamespace(
                 job_id="GPU_Job-1", tcp_ports_busy=9)})}),
         watchers=2, role="active", not_publishing="",
-        streams_opened={"current": 9, "stale": 2}, refusals_held=3,
+        streams_opened={"current": 9, "stale": 2}, refusals_held=3, refusals_holding=2,
         takeovers={"copy": 1, "decoded": 0},
         replans=ReplanStats(Counter({"job arrived": 2, "measurement changed": 1}), 3,
                             {"GPU_Job-1": 1}))
@@ -99,6 +99,7 @@ def test_names_labels_and_types_follow_prometheus_conventions() -> None:
     assert 'crux_leader_plan_streams_opened_total{view="current"} 9.0' in text
     assert 'crux_leader_plan_streams_opened_total{view="stale"} 2.0' in text
     assert "crux_leader_refusals_held_total 3.0" in text
+    assert "crux_leader_refusals_holding 2.0" in text
     assert 'crux_leader_takeovers_total{source="copy"} 1.0' in text
     assert types["crux_leader_takeovers_total"] == "counter"
     assert 'crux_agent_connected{host="h0"} 1.0' in text

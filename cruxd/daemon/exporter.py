@@ -126,6 +126,9 @@ def _leader_metrics(leader: Leader) -> Iterator[Metric]:
     yield CounterMetricFamily("crux_leader_refusals_held", "Standby refusals held until the "
                               "election moved (an agent named the leader it lost)",
                               value=leader.refusals_held)
+    yield GaugeMetricFamily("crux_leader_refusals_holding", "Agents' calls a standby holds "
+                            "now (they lost their leader and asked it; its campaign hurries)",
+                            value=leader.refusals_holding)
     yield _counter_by("crux_leader_takeovers", "HA terms this candidate began, by where the "
                       "state came from (copy: the hot standby's; decoded: read from etcd at "
                       "the win)", "source", leader.takeovers)
