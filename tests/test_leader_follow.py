@@ -4,6 +4,8 @@ configured leader; etcd's record; else the configured leaders in turn."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
@@ -166,20 +168,32 @@ class _Leader(lgrpc.LeaderServicer):
         await asyncio.sleep(60)
 
 
+@asynccontextmanager
+async def _moving_link() -> AsyncIterator[tuple[_Leader, _Leader, LeaderLink]]:
+    """An old leader that holds every call, a new one that answers, and a link at the old
+    one with the new one as its fallback (not started)."""
+    old, new = _Leader(hold=True), _Leader(hold=False)
+    for s in (old, new):
+        await s.server.start()
+    link = LeaderLink(old.address, NO_TLS, "h0",
+                      lambda: AgentReport(HostInventory("h0", "1.0", 8)),
+                      lambda hp: True, 30.0, 1.0, lambda: 0, fallback=(new.address,))
+    try:
+        yield old, new, link
+    finally:
+        await link.stop()
+        for s in (old, new):
+            await s.server.stop(None)
+
+
 def test_a_report_in_flight_when_the_link_moves_is_sent_to_the_new_leader() -> None:
     """The plan stream moves the link (a redirect) while a report waits at the old leader
     (a standby holding it): closing the old channel cancels that call, and the report goes
     to the new leader. The cancel came as asyncio.CancelledError and ended the report loop:
     that host never reported again."""
     async def run() -> tuple[int, int, bool]:
-        old, new = _Leader(hold=True), _Leader(hold=False)
-        for s in (old, new):
-            await s.server.start()
-        link = LeaderLink(old.address, NO_TLS, "h0",
-                          lambda: AgentReport(HostInventory("h0", "1.0", 8)),
-                          lambda hp: True, 30.0, 1.0, lambda: 0, fallback=(new.address,))
-        await link.start()
-        try:
+        async with _moving_link() as (old, new, link):
+            await link.start()
             for _ in range(100):
                 if old.reports:
                     break
@@ -189,12 +203,7 @@ def test_a_report_in_flight_when_the_link_moves_is_sent_to_the_new_leader() -> N
                 if new.reports:
                     break
                 await asyncio.sleep(0.05)
-            alive = all(not t.done() for t in link._tasks)
-        finally:
-            await link.stop()
-            for s in (old, new):
-                await s.server.stop(None)
-        return old.reports, new.reports, alive
+            return old.reports, new.reports, all(not t.done() for t in link._tasks)
 
     old_reports, new_reports, alive = asyncio.run(run())
     assert old_reports == 1
@@ -204,20 +213,10 @@ def test_a_report_in_flight_when_the_link_moves_is_sent_to_the_new_leader() -> N
 
 def test_a_status_read_cut_by_the_link_moving_is_an_error_for_cruxctl() -> None:
     async def run() -> tuple[object, str]:
-        old, new = _Leader(hold=True), _Leader(hold=False)
-        for s in (old, new):
-            await s.server.start()
-        link = LeaderLink(old.address, NO_TLS, "h0",
-                          lambda: AgentReport(HostInventory("h0", "1.0", 8)),
-                          lambda hp: True, 30.0, 1.0, lambda: 0, fallback=(new.address,))
-        link._connect(old.address)
-        try:
+        async with _moving_link() as (_, new, link):
+            link._connect(link.address)
             read = asyncio.create_task(link.cluster_status())
             await asyncio.sleep(0.3)
             link._connect(new.address)
             return await asyncio.wait_for(read, 5.0)
-        finally:
-            await link.stop()
-            for s in (old, new):
-                await s.server.stop(None)
     assert asyncio.run(run()) == (None, "CANCELLED: the link moved to another leader")
