@@ -296,8 +296,7 @@ class LeaderLink:
                 # the call's channel was closed under it (the plan stream moved the link to
                 # another leader): report there. gRPC raises this, not an AioRpcError, and
                 # it ended the loop: that host never reported again (bench/ha.py, 4 agents)
-                task = asyncio.current_task()
-                if self._stop.is_set() or (task is not None and task.cancelling()):
+                if self._stop.is_set() or _task_cancelled():
                     raise
                 LOG.debug("report %d cancelled: its leader's channel closed", self._seq)
                 wait = 0.0
@@ -374,8 +373,7 @@ class LeaderLink:
         except grpc.aio.AioRpcError as exc:
             return None, f"{exc.code().name}: {exc.details()}", exc.code().name
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if _task_cancelled():
                 raise
             return None, "CANCELLED: the link moved to another leader", "CANCELLED"
 
@@ -393,3 +391,10 @@ class LeaderLink:
         """(document, error, gRPC status name of the error)."""
         return await self._read(self._stub.GetHints(
             cpb.HintsRequest(format=fmt), timeout=10.0, metadata=self._auth()))
+
+
+def _task_cancelled() -> bool:
+    """Whether a CancelledError caught here is a cancel of the running task itself, not a
+    gRPC call cancelled by its channel closing (which raises the same exception)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -117,6 +117,7 @@ def channel(address: str, tls: TlsConfig, dscp: int | None = CONTROL_DSCP,
         options.append(("grpc.ssl_target_name_override", tls.server_name))
     return grpc.aio.secure_channel(address, creds, options=options)
 
+
 # How long a call may wait in the server's queue before Python takes it. gRPC cancels one
 # after 30 s by default: at a 10,000-agent start-up the leader's one Python thread took
 # calls slower than they came, and those cancelled (WatchPlan and Report CANCELLED), with
