@@ -68,8 +68,10 @@ def test_leader_failover_pause_and_etcd_faults(rig: HaRig) -> None:
     assert rig.tables() == tables and rig.generations() == {before.plan_generation}
     doc = status(rig.agents[0].socket)["cluster"]  # what an operator sees, via an agent
     assert (doc["ha_role"], int(doc["term"])) == ("active", s.term)
+    # one takeover, from the standby's copy or decoded at the win (crux_leader_takeovers)
+    assert sum(int(n) for n in doc["takeovers"].values()) == 1, doc["takeovers"]
     human = cruxctl("status", socket_path=rig.agents[0].socket).stdout
-    assert f"HA: active, term {s.term}" in human, human
+    assert f"HA: active, term {s.term}; took over 1 time(s): " in human, human
     print(f"\nfailover after SIGKILL: new leader active in {took_over:.2f} s, every agent "
           f"following in {followed:.2f} s (lease {LEASE_S} s)")
 

@@ -63,3 +63,25 @@ def test_a_brief_status_has_the_leaders_fields_and_no_lists(tmp_path: Path) -> N
         full.ClearField(f)  # type: ignore[arg-type]
     assert full.plan_generation > 0
     assert brief == full
+    assert brief.takeovers == {"copy": 0, "decoded": 0}  # the leader's own figures
+
+
+def test_status_says_how_this_candidate_took_over_and_whom_it_holds() -> None:
+    """`cruxctl status`: the takeovers by where the state came from (decoded is the slower
+    one), and the calls a standby holds for agents that lost their leader; also in the
+    brief answer, which carries the leader's own fields."""
+    from rich.console import Console
+
+    from cruxd.cli.status_view import print_status
+
+    cluster = cpb.ClusterStatus(leader_host="l1", ha_role="standby", term=7,
+                                takeovers={"copy": 1, "decoded": 2}, refusals_holding=12)
+    console = Console(record=True, width=300)
+    print_status(console, None, cluster, 0.0)
+    assert ("HA: standby, term 7; active leader: none elected; took over 3 time(s): 1 from "
+            "the standby's copy, 2 decoded from etcd; holding 12 call(s) of agents that "
+            "lost their leader") in console.export_text()
+    console = Console(record=True, width=300)
+    print_status(console, None, cpb.ClusterStatus(leader_host="l1", ha_role="active", term=7),
+                 0.0)
+    assert "HA: active, term 7\n" in console.export_text()

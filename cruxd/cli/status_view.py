@@ -90,7 +90,7 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
     if cluster.ha_role:
         active = ("" if cluster.ha_role == "active"
                   else f"; active leader: {cluster.active_leader or 'none elected'}")
-        console.print(f"  HA: {cluster.ha_role}, term {cluster.term}{active}")
+        console.print(f"  HA: {cluster.ha_role}, term {cluster.term}{active}{_ha_figures(cluster)}")
     for r in cluster.refused_claims:
         console.print(f"[yellow]  job {r.job_id}: the part on {r.host_id} is left out: "
                       f"{r.reason}[/]")
@@ -130,6 +130,18 @@ def print_status(console: Console, agent: Any, cluster: Any, now: float) -> None
     for j in cluster.jobs:
         if j.tcp_ports_busy:
             console.print(_ports_busy(j.job_id, j.tcp_ports_busy))
+
+
+def _ha_figures(cluster: Any) -> str:
+    """What the failover path did: terms begun from the standby's copy or by decoding
+    (the slower takeover), and agents' calls held now for an election."""
+    out = ""
+    if took := sum(cluster.takeovers.values()):
+        out += (f"; took over {took} time(s): {cluster.takeovers.get('copy', 0)} from the "
+                f"standby's copy, {cluster.takeovers.get('decoded', 0)} decoded from etcd")
+    if cluster.refusals_holding:
+        out += f"; holding {cluster.refusals_holding} call(s) of agents that lost their leader"
+    return out
 
 
 def _jobs_table(console: Console, rows: Any, fabric: bool) -> None:

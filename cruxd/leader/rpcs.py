@@ -80,6 +80,7 @@ class LeaderRpcs(lgrpc.LeaderServicer):
     streams_opened: dict[str, int]
     refusals_held: int
     refusals_holding: int  # held now: agents wait on this standby (its campaign hurries)
+    takeovers: dict[str, int]
     _task: asyncio.Task[None] | None
 
     def _event(self, *causes: str) -> None:

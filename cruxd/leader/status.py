@@ -38,6 +38,8 @@ def cluster_status(leader: LeaderView, hostname: str, brief: bool = False) -> cp
                             path_selection=leader.config.leader.path_selection)
     _fabric_levels(out, leader.config.leader)
     out.claims_refused_total = st.claims_refused_total
+    out.takeovers.update(leader.takeovers)
+    out.refusals_holding = leader.refusals_holding
     if brief:
         _plan_fields(out, leader)
         return out

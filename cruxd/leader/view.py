@@ -23,6 +23,8 @@ class LeaderView(Protocol):
     term: int
     active_leader: str
     not_publishing: str
+    takeovers: dict[str, int]  # HA terms begun, by where the state came from
+    refusals_holding: int  # agents' calls a standby holds now
     topology: Topology | None
     clock: Callable[[], float]
 
